@@ -1,0 +1,34 @@
+# The two set-up commands: `make run` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= Write a Python function that checks whether a number is prime.
+
+.PHONY: run test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+# Stamps re-run the install when pyproject.toml changes.
+$(VENV)/.run-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -e '.[model]'
+	touch $@
+
+$(VENV)/.test-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -e '.[test]'
+	touch $@
+
+run: $(VENV)/.run-stamp
+	$(BIN)/strata info
+	$(BIN)/strata generate --chat "$(PROMPT)" --max-tokens 128
+
+lint: $(VENV)/.test-stamp
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""The engine: KV storage, sampling and the generation loop."""

@@ -1,0 +1,58 @@
+"""KV storage handed to attention: one preallocated tensor addressed by slot numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+class KVCache:
+    """K and V for every layer in one tensor; a token's K/V live at its slot in every layer.
+
+    Attention never owns a growing tensor: it writes new tokens at the slots it is given and reads the
+    context back by slot. A contiguous sequence uses slots 0..n-1; the paged engine maps positions to
+    slots through block tables and hands over the same two slot tensors.
+    """
+
+    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+        # (num_layers, 2, num_slots, num_kv_heads, head_dim)
+        self.kv = torch.zeros(num_layers, 2, num_slots, num_kv_heads, head_dim, dtype=dtype)
+        self.num_slots = num_slots
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.kv[layer, 0, slots] = k.to(self.kv.dtype)
+        self.kv[layer, 1, slots] = v.to(self.kv.dtype)
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv[layer, 0, slots], self.kv[layer, 1, slots]
+
+
+@dataclass
+class AttentionMetadata:
+    """Where one forward step's tokens sit: built once per step, shared by every layer.
+
+    One sequence per step for now; the batched engine extends this with per-sequence offsets.
+    """
+
+    positions: torch.Tensor  # (num_tokens,) position of each new token
+    slot_mapping: torch.Tensor  # (num_tokens,) slot each new token's K/V is written to
+    context_slots: torch.Tensor  # (context_len,) slots of the whole context, in position order
+    _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def contiguous(cls, start: int, num_tokens: int) -> AttentionMetadata:
+        """Tokens start..start+num_tokens-1 of a sequence stored at slots equal to their positions."""
+        positions = torch.arange(start, start + num_tokens)
+        return cls(positions, positions, torch.arange(start + num_tokens))
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """(num_tokens, context_len) bool: causal, and within `window` positions when it is set."""
+        if window not in self._masks:
+            key_pos = torch.arange(self.context_slots.numel())
+            delta = self.positions[:, None] - key_pos[None, :]
+            allowed = delta >= 0
+            if window is not None:
+                allowed &= delta < window
+            self._masks[window] = allowed
+        return self._masks[window]

@@ -1,0 +1,115 @@
+"""`LLM`: one loaded model and the single-sequence generation loop (prefill once, then decode)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from strata.engine.kv_cache import AttentionMetadata, KVCache
+from strata.engine.sampler import SamplingParams, sample
+from strata.gguf.reader import GGUFFile
+from strata.gguf.spec import ModelSpec
+from strata.models import build_model
+from strata.prompt.chat_template import ChatTemplate
+from strata.prompt.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How to load a model: built at the edge (CLI), passed down."""
+
+    path: Path
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    finish_reason: str = ""  # "stop" (end-of-turn token) or "length" (max_tokens)
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first generated token comes from the prefill step; the rest from decode steps.
+        steps = self.generated_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s else 0.0
+
+
+class LLM:
+    """A GGUF model ready to generate: file, spec, weights, tokenizer and chat template."""
+
+    def __init__(self, config: ModelConfig, progress: bool = False) -> None:
+        self.config = config
+        self.gguf = GGUFFile(config.path)
+        self.spec = ModelSpec.from_gguf(self.gguf)
+        self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
+        self.chat_template = ChatTemplate.from_gguf(self.gguf.metadata, self.tokenizer)
+        self.model = build_model(self.gguf, self.spec, DTYPES[config.dtype], progress=progress)
+        self.stats = GenerationStats()
+
+    @torch.inference_mode()
+    def prompt_logits(self, ids: list[int]) -> torch.Tensor:
+        """(len(ids), vocab) float32 logits at every prompt position, in one prefill."""
+        kv = self._kv_cache(len(ids))
+        hidden = self.model(torch.tensor(ids), kv, AttentionMetadata.contiguous(0, len(ids)))
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
+        """Yield generated token ids as they are sampled; stops at an end-of-turn token or max_tokens.
+
+        The end-of-turn token itself is not yielded. `self.stats` describes the last call.
+        """
+        self._check_length(len(prompt_ids), params.max_tokens)
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        kv = self._kv_cache(len(prompt_ids) + params.max_tokens)
+        ids, start = prompt_ids, 0
+        t0 = time.perf_counter()
+        while stats.generated_tokens < params.max_tokens:
+            meta = AttentionMetadata.contiguous(start, len(ids))
+            hidden = self.model(torch.tensor(ids), kv, meta)
+            token = sample(self.model.compute_logits(hidden[-1:])[0], params, generator)
+            now = time.perf_counter()
+            if start == 0:
+                stats.prefill_s = now - t0
+            else:
+                stats.decode_s = now - t0 - stats.prefill_s
+            if token in self.tokenizer.eos_ids:
+                stats.finish_reason = "stop"
+                return
+            stats.generated_tokens += 1
+            yield token
+            start += len(ids)
+            ids = [token]
+        stats.finish_reason = "length"
+
+    def _check_length(self, prompt_len: int, max_tokens: int) -> None:
+        if prompt_len == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        limit = self.spec.context_length
+        if prompt_len + max_tokens > limit:
+            raise ValueError(
+                f"prompt is {prompt_len:,} tokens and max_tokens is {max_tokens:,}; together they exceed "
+                f"the model's context of {limit:,}; shorten the prompt or lower --max-tokens"
+            )
+
+    def _kv_cache(self, num_tokens: int) -> KVCache:
+        s = self.spec
+        return KVCache(s.num_layers, num_tokens, s.num_kv_heads, s.head_dim, self.model.dtype)

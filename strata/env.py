@@ -1,0 +1,25 @@
+"""Every STRATA_* environment variable, declared in one place and read only here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def strata_home() -> Path:
+    """STRATA_HOME: where assembled models live (default: the user's cache directory)."""
+    explicit = os.environ.get("STRATA_HOME")
+    if explicit:
+        return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "strata"
+
+
+def num_threads() -> int | None:
+    """STRATA_NUM_THREADS: torch intra-op threads on the CPU (default: torch's own choice)."""
+    value = os.environ.get("STRATA_NUM_THREADS")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"STRATA_NUM_THREADS={value!r} is not a positive integer; unset it or set e.g. 2")
+    return int(value)

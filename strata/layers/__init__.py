@@ -1,0 +1,1 @@
+"""Building blocks of the forward pass; each picks its implementation when it is built."""

@@ -1,0 +1,25 @@
+"""RMSNorm over the last dimension, computed in float32 whatever the activation dtype."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from strata.gguf.reader import GGUFFile
+from strata.quant import dequantize
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * w. GGUF stores Gemma's (1 + w) already folded into w, so one formula serves all."""
+
+    def __init__(self, gguf: GGUFFile, name: str, eps: float) -> None:
+        super().__init__()
+        info = gguf.tensor_info(f"{name}.weight")
+        weight = dequantize(gguf.tensor_bytes(info.name), info.qtype, info.shape)
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.weight).to(x.dtype)

@@ -1,0 +1,45 @@
+"""What every decoder-only model shares: embed, run the blocks, norm, project to the vocabulary."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from strata.engine.kv_cache import AttentionMetadata, KVCache
+from strata.gguf.reader import GGUFFile
+from strata.gguf.spec import ModelSpec
+from strata.layers.embedding import QuantEmbedding
+from strata.layers.linear import QuantLinear
+from strata.layers.norm import RMSNorm
+
+
+class DecoderModel(nn.Module):
+    """Subclasses build `self.blk` (one block per GGUF `blk.N`); attributes follow GGUF tensor names."""
+
+    def __init__(self, gguf: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: bool = False) -> None:
+        super().__init__()
+        self.spec, self.dtype = spec, dtype
+        self.token_embd = QuantEmbedding(gguf, "token_embd", dtype, scale=spec.embed_scale)
+        layers = tqdm(range(spec.num_layers), desc="load layers", disable=not progress, leave=False)
+        self.blk = nn.ModuleList(self.build_block(gguf, i) for i in layers)
+        self.output_norm = RMSNorm(gguf, "output_norm", spec.rms_eps)
+        self.output: QuantLinear | None = None if spec.tied_embeddings else QuantLinear(gguf, "output", dtype)
+        self._tied_weight = self.token_embd.dense_weight() if spec.tied_embeddings else None
+
+    def build_block(self, gguf: GGUFFile, layer: int) -> nn.Module:
+        raise NotImplementedError
+
+    def forward(self, ids: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """(num_tokens,) ids -> (num_tokens, hidden) final hidden states, K/V written into `kv`."""
+        x = self.token_embd(ids)
+        for block in self.blk:
+            x = block(x, kv, meta)
+        return self.output_norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, hidden) -> (n, vocab) float32 logits; callers pick the rows they need first."""
+        if self.output is not None:
+            return self.output(hidden).float()
+        assert self._tied_weight is not None
+        return (hidden @ self._tied_weight.T).float()

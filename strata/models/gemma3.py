@@ -1,0 +1,62 @@
+"""`gemma3`: sandwich norms, QK-norm, GeGLU, and sliding-window layers with their own rotary base."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from strata.engine.kv_cache import AttentionMetadata, KVCache
+from strata.gguf.reader import GGUFFile
+from strata.gguf.spec import ModelSpec
+from strata.layers.attention import Attention
+from strata.layers.linear import QuantLinear
+from strata.layers.norm import RMSNorm
+from strata.layers.rotary import RotaryEmbedding
+from strata.models.base import DecoderModel
+
+
+class Gemma3Block(nn.Module):
+    """x += post_attention_norm(attn(...)); x += post_ffw_norm(ffn_down(gelu(ffn_gate(h)) * ffn_up(h)))."""
+
+    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        p, eps = f"blk.{layer}", spec.rms_eps
+        self.spec = spec
+        self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", eps)
+        self.attn_q = QuantLinear(gguf, f"{p}.attn_q", dtype)
+        self.attn_k = QuantLinear(gguf, f"{p}.attn_k", dtype)
+        self.attn_v = QuantLinear(gguf, f"{p}.attn_v", dtype)
+        self.attn_q_norm = RMSNorm(gguf, f"{p}.attn_q_norm", eps)
+        self.attn_k_norm = RMSNorm(gguf, f"{p}.attn_k_norm", eps)
+        self.attn_output = QuantLinear(gguf, f"{p}.attn_output", dtype)
+        self.post_attention_norm = RMSNorm(gguf, f"{p}.post_attention_norm", eps)
+        self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", eps)
+        self.ffn_gate = QuantLinear(gguf, f"{p}.ffn_gate", dtype)
+        self.ffn_up = QuantLinear(gguf, f"{p}.ffn_up", dtype)
+        self.ffn_down = QuantLinear(gguf, f"{p}.ffn_down", dtype)
+        self.post_ffw_norm = RMSNorm(gguf, f"{p}.post_ffw_norm", eps)
+        sliding = spec.is_sliding(layer)
+        base = spec.local_rope_base if sliding and spec.local_rope_base else spec.rope_base
+        # Linear rope scaling applies to the global layers only (as in HF's Gemma 3).
+        scale = 1.0 if sliding else spec.rope_scale
+        self.rotary = RotaryEmbedding(spec.rope_dim, base, spec.rope_layout, scale)
+        window = spec.sliding_window if sliding else None
+        self.attn = Attention(layer, spec.num_heads, spec.num_kv_heads, spec.attn_scale, window)
+
+    def forward(self, x: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        n, s = x.shape[0], self.spec
+        h = self.attn_norm(x)
+        q = self.attn_q_norm(self.attn_q(h).view(n, s.num_heads, s.head_dim))
+        k = self.attn_k_norm(self.attn_k(h).view(n, s.num_kv_heads, s.head_dim))
+        v = self.attn_v(h).view(n, s.num_kv_heads, s.head_dim)
+        q, k = self.rotary(q, meta.positions), self.rotary(k, meta.positions)
+        x = x + self.post_attention_norm(self.attn_output(self.attn(q, k, v, kv, meta)))
+        h = self.ffn_norm(x)
+        ffn = self.ffn_down(F.gelu(self.ffn_gate(h), approximate="tanh") * self.ffn_up(h))
+        return x + self.post_ffw_norm(ffn)
+
+
+class Gemma3Model(DecoderModel):
+    def build_block(self, gguf: GGUFFile, layer: int) -> nn.Module:
+        return Gemma3Block(gguf, self.spec, layer, self.dtype)

@@ -1,0 +1,58 @@
+"""`llama`: pre-norm blocks of grouped-query attention and a SwiGLU feed-forward."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from strata.engine.kv_cache import AttentionMetadata, KVCache
+from strata.gguf.reader import GGUFFile
+from strata.gguf.spec import ModelSpec
+from strata.layers.attention import Attention
+from strata.layers.linear import QuantLinear
+from strata.layers.norm import RMSNorm
+from strata.layers.rotary import RotaryEmbedding
+from strata.models.base import DecoderModel
+
+
+class LlamaBlock(nn.Module):
+    """x += attn_output(attn(rope(q), rope(k), v)); x += ffn_down(silu(ffn_gate(h)) * ffn_up(h)).
+
+    Q/K/V biases (Qwen2) load when the file has them; the forward is the same either way.
+    """
+
+    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        p = f"blk.{layer}"
+        self.spec = spec
+        self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", spec.rms_eps)
+        self.attn_q = QuantLinear(gguf, f"{p}.attn_q", dtype)
+        self.attn_k = QuantLinear(gguf, f"{p}.attn_k", dtype)
+        self.attn_v = QuantLinear(gguf, f"{p}.attn_v", dtype)
+        self.attn_output = QuantLinear(gguf, f"{p}.attn_output", dtype)
+        self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", spec.rms_eps)
+        self.ffn_gate = QuantLinear(gguf, f"{p}.ffn_gate", dtype)
+        self.ffn_up = QuantLinear(gguf, f"{p}.ffn_up", dtype)
+        self.ffn_down = QuantLinear(gguf, f"{p}.ffn_down", dtype)
+        self.rotary = RotaryEmbedding(spec.rope_dim, spec.rope_base, spec.rope_layout, spec.rope_scale)
+        self.attn = Attention(layer, spec.num_heads, spec.num_kv_heads, spec.attn_scale, window=None)
+
+    def qkv(self, h: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
+        """(num_tokens, hidden) -> rotated q (tokens, heads, dim), rotated k and v (tokens, kv_heads, dim)."""
+        n, s = h.shape[0], self.spec
+        q = self.attn_q(h).view(n, s.num_heads, s.head_dim)
+        k = self.attn_k(h).view(n, s.num_kv_heads, s.head_dim)
+        v = self.attn_v(h).view(n, s.num_kv_heads, s.head_dim)
+        return self.rotary(q, meta.positions), self.rotary(k, meta.positions), v
+
+    def forward(self, x: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv(self.attn_norm(x), meta)
+        x = x + self.attn_output(self.attn(q, k, v, kv, meta))
+        h = self.ffn_norm(x)
+        return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
+
+
+class LlamaModel(DecoderModel):
+    def build_block(self, gguf: GGUFFile, layer: int) -> nn.Module:
+        return LlamaBlock(gguf, self.spec, layer, self.dtype)

@@ -1,0 +1,31 @@
+"""`qwen3`: the llama block with RMSNorm on each query and key head before rotary (QK-norm)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from strata.engine.kv_cache import AttentionMetadata
+from strata.gguf.reader import GGUFFile
+from strata.gguf.spec import ModelSpec
+from strata.layers.norm import RMSNorm
+from strata.models.llama import LlamaBlock, LlamaModel
+
+
+class Qwen3Block(LlamaBlock):
+    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, dtype: torch.dtype) -> None:
+        super().__init__(gguf, spec, layer, dtype)
+        self.attn_q_norm = RMSNorm(gguf, f"blk.{layer}.attn_q_norm", spec.rms_eps)
+        self.attn_k_norm = RMSNorm(gguf, f"blk.{layer}.attn_k_norm", spec.rms_eps)
+
+    def qkv(self, h: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
+        n, s = h.shape[0], self.spec
+        q = self.attn_q_norm(self.attn_q(h).view(n, s.num_heads, s.head_dim))
+        k = self.attn_k_norm(self.attn_k(h).view(n, s.num_kv_heads, s.head_dim))
+        v = self.attn_v(h).view(n, s.num_kv_heads, s.head_dim)
+        return self.rotary(q, meta.positions), self.rotary(k, meta.positions), v
+
+
+class Qwen3Model(LlamaModel):
+    def build_block(self, gguf: GGUFFile, layer: int) -> nn.Module:
+        return Qwen3Block(gguf, self.spec, layer, self.dtype)
