@@ -54,7 +54,8 @@ def generate(config: ModelConfig, request: GenerateRequest, out: TextIO = sys.st
     out.write(decoder.flush() + "\n")
     s = llm.stats
     print(
-        f"[{s.prompt_tokens} prompt tokens, prefill {s.prefill_s * 1e3:.0f} ms ({s.prefill_tok_s:.1f} tok/s); "
+        f"[{s.prompt_tokens} prompt tokens, prefill {s.prefill_s * 1e3:.0f} ms "
+        f"({s.prefill_tok_s:.1f} tok/s); "
         f"{s.generated_tokens} generated, decode {s.decode_tok_s:.2f} tok/s; finish: {s.finish_reason}]",
         file=sys.stderr,
     )

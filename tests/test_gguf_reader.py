@@ -33,7 +33,12 @@ def test_default_model_spec(qwen_path: Path) -> None:
 
 def test_gemma_spec(gemma_path: Path) -> None:
     spec = ModelSpec.from_gguf(GGUFFile(gemma_path))
-    assert (spec.architecture, spec.num_layers, spec.head_dim, spec.sliding_window) == ("gemma3", 18, 256, 512)
+    assert (spec.architecture, spec.num_layers, spec.head_dim, spec.sliding_window) == (
+        "gemma3",
+        18,
+        256,
+        512,
+    )
     assert spec.tied_embeddings and spec.local_rope_base == 10_000.0
     assert [i for i, s in enumerate(spec.sliding_layers) if not s] == [5, 11, 17]
     assert spec.embed_scale == pytest.approx(640**0.5)
@@ -72,7 +77,9 @@ def test_tensor_past_end_of_file(tmp_path: Path, synth_file: Path) -> None:
     data = synth_file.read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) - 100])
-    _expect(cut, r"tensor '[a-z0-9_.]+' runs past the end of the file \(bytes \d+\.\.\d+, file is \d+ bytes\)")
+    _expect(
+        cut, r"tensor '[a-z0-9_.]+' runs past the end of the file \(bytes \d+\.\.\d+, file is \d+ bytes\)"
+    )
 
 
 def test_too_short(tmp_path: Path) -> None:
@@ -101,7 +108,9 @@ def test_unknown_quant_type(tmp_path: Path, synth_file: Path) -> None:
 
 def test_unknown_architecture(tmp_path: Path) -> None:
     path = write_synthetic(tmp_path / "mamba.gguf", SynthSpec())
-    data = path.read_bytes().replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00mamba")
+    data = path.read_bytes().replace(
+        b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00mamba"
+    )
     path.write_bytes(data)
     with pytest.raises(GGUFError, match=r"architecture 'mamba' is not supported"):
         ModelSpec.from_gguf(GGUFFile(path))

@@ -91,7 +91,7 @@ class LLM:
                 stats.prefill_s = now - t0
             else:
                 stats.decode_s = now - t0 - stats.prefill_s
-            if token in self.tokenizer.eos_ids:
+            if token in self.tokenizer.eos_ids and not params.ignore_eos:
                 stats.finish_reason = "stop"
                 return
             stats.generated_tokens += 1

@@ -16,6 +16,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 keeps the whole vocabulary
     seed: int | None = None
+    ignore_eos: bool = False  # keep going past end-of-turn tokens (benchmarks want fixed lengths)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

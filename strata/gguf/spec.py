@@ -14,7 +14,12 @@ RopeLayout = Literal["interleaved", "neox"]
 
 # llama.cpp's llama-arch table: "llama" GGUFs carry Q/K permuted so rotary pairs are adjacent
 # (LLAMA_ROPE_TYPE_NORM); Qwen and Gemma keep HF's rotate-half pairing (LLAMA_ROPE_TYPE_NEOX).
-_ROPE_LAYOUT: dict[str, RopeLayout] = {"llama": "interleaved", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox"}
+_ROPE_LAYOUT: dict[str, RopeLayout] = {
+    "llama": "interleaved",
+    "qwen2": "neox",
+    "qwen3": "neox",
+    "gemma3": "neox",
+}
 # Gemma 3's local (sliding-window) layers use their own rotary base, which the GGUF does not store.
 _GEMMA3_LOCAL_ROPE_BASE = 10_000.0
 _GEMMA3_SLIDING_PATTERN = 6  # every sixth layer is global
@@ -84,9 +89,8 @@ class ModelSpec:
 def spec_from_metadata(meta: dict[str, Any], tensor_names: set[str], source: str = "GGUF") -> ModelSpec:
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFError(
-            f"{source}: architecture {arch!r} is not supported; strata runs {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        raise GGUFError(f"{source}: architecture {arch!r} is not supported; strata runs {supported}")
 
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)

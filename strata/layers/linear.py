@@ -24,7 +24,9 @@ class QuantLinear(nn.Module):
         self.qtype = info.qtype
         self.out_features, self.in_features = info.shape
         self.qweight = gguf.tensor_bytes(info.name)
-        self.weight = nn.Parameter(dequantize(self.qweight, info.qtype, info.shape).to(dtype), requires_grad=False)
+        self.weight = nn.Parameter(
+            dequantize(self.qweight, info.qtype, info.shape).to(dtype), requires_grad=False
+        )
         bias_name = f"{name}.bias"
         self.bias: nn.Parameter | None = None
         if bias_name in gguf.tensors:
