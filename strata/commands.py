@@ -22,7 +22,8 @@ class GenerateRequest:
     sampling: SamplingParams
 
 
-def info(path: Path, out: TextIO = sys.stdout) -> None:
+def info(path: Path, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     gguf = GGUFFile(path)
     rows = summarize(gguf, ModelSpec.from_gguf(gguf))
     width = max(len(label) for label, _ in rows)
@@ -44,7 +45,8 @@ def prompt_ids(llm: LLM, text: str, chat: bool) -> list[int]:
     return llm.tokenizer.encode(rendered, add_special=False)
 
 
-def generate(config: ModelConfig, request: GenerateRequest, out: TextIO = sys.stdout) -> None:
+def generate(config: ModelConfig, request: GenerateRequest, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     llm = LLM(config, progress=True)
     ids = prompt_ids(llm, request.text, request.chat)
     decoder = StreamDecoder(llm.tokenizer)

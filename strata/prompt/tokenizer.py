@@ -1,0 +1,314 @@
+"""Tokenizers built from GGUF metadata with the HF `tokenizers` library, mirroring transformers'
+GGUF tokenizer (transformers/integrations/gguf/gguf_tokenizer_mapping.py), the tests' reference:
+
+- `gpt2` vocabularies: byte-level BPE from the file's tokens and merges, split first by the regex
+  named by `tokenizer.ggml.pre`.
+- `llama` vocabularies (SentencePiece): BPE with byte fallback, the merges rebuilt from the
+  vocabulary. Gemma files rank those merges by token position and spell multi-space tokens as real
+  spaces; other files rank by score and get a `▁` prefix per `tokenizer.ggml.add_space_prefix`.
+
+Control tokens (token_type 3) become special added tokens and user-defined ones (4) plain added
+tokens, so both are matched whole in the text. Decoding works on bytes, so the streaming decoder can
+hold back half a UTF-8 character and still agree exactly with `decode`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from operator import itemgetter
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as _Backend
+from tokenizers.models import BPE
+
+_CONTROL, _USER_DEFINED = 3, 4
+
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# `tokenizer.ggml.pre` -> split regex; None means ByteLevel's own GPT-2 regex.
+_PRE_TOKENIZER_SPLITS: dict[str, str | None] = {
+    "default": None,
+    "gpt2": None,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "falcon3": _LLAMA3_SPLIT,
+}
+_GEMMA_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3"})
+# Control tokens that end a turn in some chat format; generation stops at any that the vocab has.
+_END_OF_TURN = frozenset(
+    {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<eot>"}
+)
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable spelling of each byte, inverted: character -> byte."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+def _merges_from_vocab(vocab: Mapping[str, int], ranks: Mapping[str, float]) -> list[tuple[str, str]]:
+    """Every split of a token into two vocab tokens, best `ranks` first (transformers' generate_merges)."""
+    merges = []
+    for merged, rank in ranks.items():
+        local = []
+        for i in range(1, len(merged)):
+            left = merged[:i]
+            if left in vocab and (right := merged[i:]) in vocab:
+                local.append((vocab[left], vocab[right], rank, len(left), len(right), left, right))
+        local.sort()
+        merges.extend(local)
+    merges.sort(key=itemgetter(2, 3, 4), reverse=True)
+    return [(m[5], m[6]) for m in merges]
+
+
+def _byte_level_backend(meta: Mapping[str, Any], tokens: list[str]) -> tuple[_Backend, set[str]]:
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in _PRE_TOKENIZER_SPLITS:
+        raise ValueError(
+            f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 vocabulary; "
+            f"supported: {', '.join(sorted(_PRE_TOKENIZER_SPLITS))}"
+        )
+    alphabet = _byte_decoder().keys()
+    spelling = {b: c for c, b in _byte_decoder().items()}
+    # Tokens outside the byte alphabet are respelled as their UTF-8 bytes, as transformers does.
+    vocab = {
+        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i
+        for i, t in enumerate(tokens)
+    }
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", ())]
+    backend = _Backend(
+        BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+    )
+    split = _PRE_TOKENIZER_SPLITS[pre]
+    if split is None:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    backend.decoder = decoders.ByteLevel()
+    return backend, set(vocab)
+
+
+def _sentencepiece_backend(
+    meta: Mapping[str, Any], tokens: list[str], prefix_space: bool
+) -> tuple[_Backend, set[str]]:
+    gemma = meta.get("general.architecture") in _GEMMA_ARCHITECTURES
+    if gemma:
+        # Gemma files store a token of spaces as real spaces; the model's spelling is "▁▁...".
+        tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    # Gemma's scores do not follow its merge order; the token order does.
+    if gemma:
+        ranks = {t: -i for i, t in enumerate(tokens)}
+    else:
+        ranks = dict(zip(tokens, meta["tokenizer.ggml.scores"], strict=True))
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if unk_id is not None else "<unk>"
+    merges = _merges_from_vocab(vocab, ranks)
+    backend = _Backend(BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
+        backend.normalizer = normalizers.Replace(" ", "▁")
+        backend.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    else:
+        scheme = "first" if prefix_space else "never"
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+        if prefix_space:
+            steps.append(decoders.Strip(content=" ", left=1))
+    backend.decoder = decoders.Sequence(steps)
+    return backend, set(vocab)
+
+
+class Tokenizer:
+    """A GGUF file's tokenizer: text <-> token ids. Build it with `Tokenizer.from_gguf`."""
+
+    def __init__(
+        self,
+        backend: _Backend,
+        pieces: list[str],
+        *,
+        byte_level: bool,
+        special_ids: frozenset[int],
+        bos_id: int | None,
+        eos_id: int | None,
+        eos_ids: frozenset[int],
+        add_bos: bool,
+        add_eos: bool,
+        strip_leading_space: bool,
+    ) -> None:
+        self._backend = backend
+        self._pieces = pieces
+        self._byte_level = byte_level
+        self._special_ids = special_ids
+        self.bos_id, self.eos_id, self.eos_ids = bos_id, eos_id, eos_ids
+        self.add_bos, self.add_eos = add_bos, add_eos
+        self._strip_leading_space = strip_leading_space
+        self._bytes_cache: dict[int, bytes] = {}
+        # `encode_special_tokens` is a flag on the shared backend, so flipping it must not race.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_gguf(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        """Build the tokenizer that a GGUF file's `tokenizer.ggml.*` metadata describes."""
+        model = metadata.get("tokenizer.ggml.model")
+        tokens = list(metadata["tokenizer.ggml.tokens"])
+        types = list(metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+        prefix_space = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+        if model == "gpt2":
+            backend, vocab = _byte_level_backend(metadata, tokens)
+            alphabet = _byte_decoder().keys()
+            # A "control" token outside the byte alphabet is a llama.cpp mislabel; transformers skips it.
+            control = [i for i, t in enumerate(types) if t == _CONTROL and set(tokens[i]) <= alphabet]
+            add_bos_default, strip = False, False
+        elif model == "llama":
+            backend, vocab = _sentencepiece_backend(metadata, tokens, prefix_space)
+            control = [i for i, t in enumerate(types) if t == _CONTROL]
+            gemma = metadata.get("general.architecture") in _GEMMA_ARCHITECTURES
+            add_bos_default, strip = True, prefix_space and not gemma
+        else:
+            raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: 'gpt2', 'llama'")
+
+        backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i in control])
+        # Only those the (respelled) vocabulary has, as transformers does.
+        user = [t for t, kind in zip(tokens, types, strict=True) if kind == _USER_DEFINED and t in vocab]
+        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+
+        eos_id = metadata.get("tokenizer.ggml.eos_token_id")
+        end_of_turn = {i for i in control if tokens[i] in _END_OF_TURN} | {
+            metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")
+        }
+        return cls(
+            backend,
+            tokens,
+            byte_level=model == "gpt2",
+            special_ids=frozenset(control),
+            bos_id=metadata.get("tokenizer.ggml.bos_token_id"),
+            eos_id=eos_id,
+            eos_ids=frozenset(end_of_turn - {None}),
+            add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default)),
+            add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+            strip_leading_space=strip,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._pieces)
+
+    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids for `text`.
+
+        add_special: prepend BOS (and append EOS) where the vocabulary asks for them.
+        parse_special: when True, control-token strings in `text` such as "<|im_start|>" become
+        their single special id. When False they are tokenized as ordinary characters, which is how
+        untrusted text (message content, tool output) must be encoded so that it cannot forge turn
+        markers. User-defined tokens such as "<tool_call>" are matched whole either way, as in
+        llama.cpp.
+        """
+        with self._lock:
+            self._backend.encode_special_tokens = not parse_special
+            try:
+                ids = self._backend.encode(text, add_special_tokens=False).ids
+            finally:
+                self._backend.encode_special_tokens = False
+        if add_special:
+            if self.add_bos and self.bos_id is not None:
+                ids.insert(0, self.bos_id)
+            if self.add_eos and self.eos_id is not None:
+                ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """The text for `ids`; invalid UTF-8 becomes U+FFFD. skip_special drops control tokens."""
+        data = b"".join(self.token_bytes(i) for i in ids if not (skip_special and i in self._special_ids))
+        text = data.decode("utf-8", errors="replace")
+        if self._strip_leading_space and text.startswith(" "):
+            text = text[1:]
+        return text
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The vocabulary entry for `token_id` as the GGUF file spells it (e.g. "Ġhello", "▁hello")."""
+        return self._pieces[token_id]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes `token_id` contributes to decoded text."""
+        cached = self._bytes_cache.get(token_id)
+        if cached is not None:
+            return cached
+        piece = self._pieces[token_id]
+        if self._byte_level:
+            table = _byte_decoder()
+            data = bytes(table[c] for c in piece) if set(piece) <= table.keys() else piece.encode("utf-8")
+        elif m := _BYTE_TOKEN.fullmatch(piece):
+            data = bytes([int(m.group(1), 16)])
+        else:
+            data = piece.replace("▁", " ").encode("utf-8")
+        self._bytes_cache[token_id] = data
+        return data
+
+    def is_special(self, token_id: int) -> bool:
+        """True for control tokens (BOS, EOS, turn markers, ...), the ones `skip_special` drops."""
+        return token_id in self._special_ids
+
+    def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
+        """A fresh `StreamDecoder` for one generated sequence."""
+        return StreamDecoder(self, skip_special=skip_special)
+
+
+class StreamDecoder:
+    """Turns token ids, one at a time, into text as soon as it is complete.
+
+    A character split over several byte tokens is held back until its last byte arrives, so no
+    chunk ever carries half of it. The chunks from `push`, followed by `flush`, concatenate to
+    exactly `tokenizer.decode(ids, skip_special)`.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._strip_pending = tokenizer._strip_leading_space
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes (possibly "")."""
+        if self._skip_special and self._tokenizer.is_special(token_id):
+            return ""
+        return self._emit(self._utf8.decode(self._tokenizer.token_bytes(token_id)))
+
+    def flush(self) -> str:
+        """End of sequence: return whatever is held back (incomplete bytes become U+FFFD)."""
+        return self._emit(self._utf8.decode(b"", final=True))
+
+    def _emit(self, text: str) -> str:
+        if self._strip_pending and text:
+            self._strip_pending = False
+            if text.startswith(" "):
+                text = text[1:]
+        return text
