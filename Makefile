@@ -26,6 +26,7 @@ run: $(VENV)/.run-stamp
 lint: $(VENV)/.test-stamp
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest -q

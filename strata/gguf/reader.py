@@ -116,7 +116,7 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: {self.path.stat().st_size} bytes is too short for a GGUF header")
         # Copy-on-write: torch can view the pages without a read-only warning; the file is never written.
         self._map = np.memmap(self.path, dtype=np.uint8, mode="c")
-        cur = _Cursor(memoryview(self._map), self.path)
+        cur = _Cursor(memoryview(self._map.data), self.path)
         magic = bytes(cur.take(4, "magic"))
         if magic != GGUF_MAGIC:
             raise GGUFError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")

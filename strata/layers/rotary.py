@@ -19,6 +19,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.dim, self.layout, self.scale = dim, layout, scale
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -202,8 +202,9 @@ class Tokenizer:
         backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
 
         eos_id = metadata.get("tokenizer.ggml.eos_token_id")
+        declared = (metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom"))
         end_of_turn = {i for i in control if tokens[i] in _END_OF_TURN} | {
-            metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")
+            int(i) for i in declared if i is not None
         }
         return cls(
             backend,
@@ -212,7 +213,7 @@ class Tokenizer:
             special_ids=frozenset(control),
             bos_id=metadata.get("tokenizer.ggml.bos_token_id"),
             eos_id=eos_id,
-            eos_ids=frozenset(end_of_turn - {None}),
+            eos_ids=frozenset(end_of_turn),
             add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default)),
             add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
             strip_leading_space=strip,
