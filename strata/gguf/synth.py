@@ -15,6 +15,8 @@ from gguf import GGUFWriter
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
 
+from strata.prompt.tokenizer import byte_level_chars
+
 
 @dataclass(frozen=True)
 class SynthSpec:
@@ -30,23 +32,6 @@ class SynthSpec:
     weight_type: GGMLQuantizationType = GGMLQuantizationType.Q8_0
     tied_embeddings: bool = False
     seed: int = 0
-
-
-def byte_level_tokens() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 byte values, in byte order."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    symbols, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            symbols[b] = chr(b)
-        else:
-            symbols[b] = chr(256 + extra)
-            extra += 1
-    return [symbols[b] for b in range(256)]
 
 
 def _tensor_shapes(s: SynthSpec, vocab: int) -> dict[str, tuple[int, ...]]:
@@ -80,7 +65,7 @@ def _tensor_shapes(s: SynthSpec, vocab: int) -> dict[str, tuple[int, ...]]:
 def write_synthetic(path: str | Path, s: SynthSpec) -> Path:
     """Write a random-weight GGUF for `s` at `path` and return the path."""
     rng = np.random.default_rng(s.seed)
-    tokens = [*byte_level_tokens(), "<|endoftext|>"]
+    tokens = [*byte_level_chars(), "<|endoftext|>"]
     arch = s.architecture
     w = GGUFWriter(str(path), arch)
     w.add_block_count(s.num_layers)

@@ -57,17 +57,23 @@ _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 @lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's printable spelling of each byte, inverted: character -> byte."""
+def byte_level_chars() -> tuple[str, ...]:
+    """GPT-2's printable stand-in for each byte value, indexed by byte."""
     printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
-    chars, extra = {}, 0
+    chars, extra = [], 0
     for b in range(256):
         if b in printable:
-            chars[b] = chr(b)
+            chars.append(chr(b))
         else:
-            chars[b] = chr(256 + extra)
+            chars.append(chr(256 + extra))
             extra += 1
-    return {c: b for b, c in chars.items()}
+    return tuple(chars)
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable spelling of each byte, inverted: character -> byte."""
+    return {c: b for b, c in enumerate(byte_level_chars())}
 
 
 def _merges_from_vocab(vocab: Mapping[str, int], ranks: Mapping[str, float]) -> list[tuple[str, str]]:
