@@ -55,21 +55,28 @@ def run_strata(llm: LLM, ids: list[int], decode_tokens: int) -> Timing:
 
 def make_llama_cpp(path: str, n_ctx: int, threads: int) -> Callable[[list[int], int], Timing] | None:
     try:
-        from llama_cpp import Llama
+        import llama_cpp
+        import numpy as np
     except ImportError:
         return None
-    model = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads, verbose=False)
+    model = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads, verbose=False)
+    vocab = model.n_vocab()
+
+    def last_argmax() -> int:
+        # llama-cpp-python keeps no logits unless logits_all (which would slow its prefill): read them.
+        logits = llama_cpp.llama_get_logits_ith(model.ctx, -1)
+        return int(np.ctypeslib.as_array(logits, shape=(vocab,)).argmax())
 
     def run(ids: list[int], decode_tokens: int) -> Timing:
         model.reset()
         t0 = time.perf_counter()
         model.eval(ids)
-        token = int(model.scores[model.n_tokens - 1].argmax())
+        token = last_argmax()
         t1 = time.perf_counter()
         tokens = []
         for _ in range(decode_tokens):
             model.eval([token])
-            token = int(model.scores[model.n_tokens - 1].argmax())
+            token = last_argmax()
             tokens.append(token)
         return Timing(t1 - t0, time.perf_counter() - t1, tokens)
 
