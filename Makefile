@@ -21,7 +21,7 @@ $(VENV)/.test-stamp: pyproject.toml | $(BIN)/python
 
 run: $(VENV)/.run-stamp
 	$(BIN)/strata info
-	$(BIN)/strata generate --chat "$(PROMPT)" --max-tokens 128
+	$(BIN)/strata generate --chat "$(PROMPT)" --max-tokens 256
 
 lint: $(VENV)/.test-stamp
 	$(BIN)/ruff check .

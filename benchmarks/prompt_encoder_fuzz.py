@@ -1,6 +1,7 @@
 """Fuzz `PromptEncoder.encode` against the reference `encode_prompt` on evolving conversations.
 
     python benchmarks/prompt_encoder_fuzz.py [--cases 30000] [--seed 0] [--model qwen2.5-coder-0.5b]
+        [--max-segments 60]
 
 Each case is one prompt of one of a few conversations that grow and change the way agent clients
 resend them: turns appended, replies streamed in, edits in the middle, truncation at any character,
@@ -228,6 +229,7 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=30_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--max-segments", type=int, default=60, help="restart a conversation past this")
     args = parser.parse_args()
 
     from strata.gguf.reader import GGUFFile
@@ -235,7 +237,7 @@ def main() -> int:
 
     tokenizer = Tokenizer.from_gguf(GGUFFile(resolve_model(args.model, progress=False)).metadata)
     start = time.perf_counter()
-    counts = run_fuzz(tokenizer, args.cases, args.seed)
+    counts = run_fuzz(tokenizer, args.cases, args.seed, max_segments=args.max_segments)
     print(f"{args.model}, seed {args.seed}, {time.perf_counter() - start:.1f} s")
     print(counts.summary())
     if counts.first_mismatch is not None:

@@ -7,9 +7,14 @@ GGUF tokenizer (transformers/integrations/gguf/gguf_tokenizer_mapping.py), the t
   vocabulary. Gemma files rank those merges by token position and spell multi-space tokens as real
   spaces; other files rank by score and get a `▁` prefix per `tokenizer.ggml.add_space_prefix`.
 
-Control tokens (token_type 3) become special added tokens and user-defined ones (4) plain added
-tokens, so both are matched whole in the text. Decoding works on bytes, so the streaming decoder can
-hold back half a UTF-8 character and still agree exactly with `decode`.
+Control tokens (token_type 3) and user-defined ones (4) become added tokens, matched whole in the
+text. Both kinds are *protected*: `encode(parse_special=False)` and `encode_piece` never produce them,
+so untrusted text cannot spell a turn marker or Qwen's `<tool_call>`. The one exception is a
+user-defined token made only of whitespace (Gemma's "\n", "\n\n", ...): it cannot forge anything,
+and the model never saw newlines spelled any other way, so it is matched everywhere as ordinary
+vocabulary. (If some protected token contained whitespace, the two kinds could overlap in the text,
+and all user-defined tokens are protected instead.) Decoding works on bytes, so the streaming decoder
+can hold back half a UTF-8 character and still agree exactly with `decode`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from operator import itemgetter
+from types import MappingProxyType
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
@@ -169,8 +175,15 @@ class Tokenizer:
         add_bos: bool,
         add_eos: bool,
         strip_leading_space: bool,
+        added: Mapping[str, int] | None = None,
+        protected: Mapping[str, int] | None = None,
+        continuation: _Backend | None = None,
     ) -> None:
         self._backend = backend
+        # Encodes text that does not start the prompt, where that differs (SentencePiece's "▁" prefix).
+        self._continuation = continuation
+        self._added = MappingProxyType(dict(added or {}))
+        self._protected = MappingProxyType(dict(protected or {}))
         self._pieces = pieces
         self._byte_level = byte_level
         self._special_ids = special_ids
@@ -202,10 +215,27 @@ class Tokenizer:
         else:
             raise ValueError(f"unsupported tokenizer.ggml.model {model!r}; supported: 'gpt2', 'llama'")
 
-        backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i in control])
         # Only those the (respelled) vocabulary has, as transformers does.
         user = [t for t, kind in zip(tokens, types, strict=True) if kind == _USER_DEFINED and t in vocab]
-        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
+        # The backend's `special` flag means "protected" here: `encode_special_tokens` skips exactly those.
+        free = [t for t in user if t.isspace()]
+        protected = [tokens[i] for i in control] + [t for t in user if not t.isspace()]
+        if any(c.isspace() for t in protected for c in t):
+            protected, free = protected + free, []
+        backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in protected])
+        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in free])
+        added: dict[str, int] = {}
+        for t in protected + free:
+            if (token_id := backend.token_to_id(t)) is not None:
+                added[t] = token_id
+        continuation = None
+        if strip:  # a SentencePiece Metaspace with the "first" prepend scheme
+            # Metaspace's "first" scheme adds "▁" only to text at offset 0 of the call, so text that
+            # follows an added token must be encoded by a copy that never adds it.
+            continuation = _Backend.from_str(backend.to_str())
+            continuation.pre_tokenizer = pre_tokenizers.Metaspace(
+                replacement="▁", prepend_scheme="never", split=False
+            )
 
         eos_id = metadata.get("tokenizer.ggml.eos_token_id")
         declared = (metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom"))
@@ -223,6 +253,9 @@ class Tokenizer:
             add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default)),
             add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
             strip_leading_space=strip,
+            added=added,
+            protected={t: added[t] for t in protected if t in added},
+            continuation=continuation,
         )
 
     @property
@@ -233,11 +266,10 @@ class Tokenizer:
         """Token ids for `text`.
 
         add_special: prepend BOS (and append EOS) where the vocabulary asks for them.
-        parse_special: when True, control-token strings in `text` such as "<|im_start|>" become
-        their single special id. When False they are tokenized as ordinary characters, which is how
-        untrusted text (message content, tool output) must be encoded so that it cannot forge turn
-        markers. User-defined tokens such as "<tool_call>" are matched whole either way, as in
-        llama.cpp.
+        parse_special: when True, added-token strings in `text` such as "<|im_start|>" or
+        "<tool_call>" become their single id. When False the protected ones (`protected_tokens`) are
+        tokenized as ordinary characters, so untrusted text cannot forge turn markers or tool calls.
+        Unlike llama.cpp, this covers user-defined tokens too, except whitespace-only ones.
         """
         with self._lock:
             self._backend.encode_special_tokens = not parse_special
@@ -251,6 +283,31 @@ class Tokenizer:
             if self.add_eos and self.eos_id is not None:
                 ids.append(self.eos_id)
         return ids
+
+    def encode_piece(self, text: str, *, first: bool = True) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and their [start, end) character offsets for `text` with no protected token matched.
+
+        first: `text` starts the prompt. When False it is a piece that follows other text (an added
+        token), encoded as the backend encodes such a segment of a longer text.
+        """
+        backend = self._backend if first or self._continuation is None else self._continuation
+        with self._lock:
+            backend.encode_special_tokens = True
+            try:
+                encoding = backend.encode(text, add_special_tokens=False)
+            finally:
+                backend.encode_special_tokens = False
+        return encoding.ids, encoding.offsets
+
+    @property
+    def added_tokens(self) -> Mapping[str, int]:
+        """Every added token (control and user-defined) the backend matches whole: text -> id."""
+        return self._added
+
+    @property
+    def protected_tokens(self) -> Mapping[str, int]:
+        """The added tokens that only trusted text may produce: text -> id (see the module docstring)."""
+        return self._protected
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """The text for `ids`; invalid UTF-8 becomes U+FFFD. skip_special drops control tokens."""
