@@ -12,7 +12,7 @@ from strata.engine.sampler import SamplingParams
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.gguf.summary import summarize
-from strata.prompt.tokenizer import StreamDecoder
+from strata.prompt.stream_decoder import StreamDecoder
 
 
 @dataclass(frozen=True)

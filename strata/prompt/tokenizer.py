@@ -19,18 +19,20 @@ can hold back half a UTF-8 character and still agree exactly with `decode`.
 
 from __future__ import annotations
 
-import codecs
 import re
 import threading
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _Backend
 from tokenizers.models import BPE
+
+if TYPE_CHECKING:
+    from strata.prompt.stream_decoder import StreamDecoder
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -259,6 +261,11 @@ class Tokenizer:
         )
 
     @property
+    def strips_leading_space(self) -> bool:
+        """Decoding drops the space a SentencePiece prefix added before the first token."""
+        return self._strip_leading_space
+
+    @property
     def vocab_size(self) -> int:
         return len(self._pieces)
 
@@ -343,36 +350,6 @@ class Tokenizer:
 
     def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
         """A fresh `StreamDecoder` for one generated sequence."""
+        from strata.prompt.stream_decoder import StreamDecoder
+
         return StreamDecoder(self, skip_special=skip_special)
-
-
-class StreamDecoder:
-    """Turns token ids, one at a time, into text as soon as it is complete.
-
-    A character split over several byte tokens is held back until its last byte arrives, so no
-    chunk ever carries half of it. The chunks from `push`, followed by `flush`, concatenate to
-    exactly `tokenizer.decode(ids, skip_special)`.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False) -> None:
-        self._tokenizer = tokenizer
-        self._skip_special = skip_special
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._strip_pending = tokenizer._strip_leading_space
-
-    def push(self, token_id: int) -> str:
-        """Add one token; return the text it completes (possibly "")."""
-        if self._skip_special and self._tokenizer.is_special(token_id):
-            return ""
-        return self._emit(self._utf8.decode(self._tokenizer.token_bytes(token_id)))
-
-    def flush(self) -> str:
-        """End of sequence: return whatever is held back (incomplete bytes become U+FFFD)."""
-        return self._emit(self._utf8.decode(b"", final=True))
-
-    def _emit(self, text: str) -> str:
-        if self._strip_pending and text:
-            self._strip_pending = False
-            if text.startswith(" "):
-                text = text[1:]
-        return text
