@@ -1,4 +1,4 @@
-"""What `strata generate` and `strata info` do, once the CLI has parsed its arguments."""
+"""What `strata generate`, `strata tokenize` and `strata info` do, once the CLI has parsed arguments."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from strata.engine.sampler import SamplingParams
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.gguf.summary import summarize
+from strata.prompt.chat_template import ChatTemplate, TemplateError
+from strata.prompt.inspect_tokens import TokenRows, load_chat
+from strata.prompt.loading import load_prompt_side
+from strata.prompt.rendered import RenderedPrompt
+from strata.prompt.safe_encode import encode_prompt
 from strata.prompt.stream_decoder import StreamDecoder
 
 
@@ -20,6 +25,17 @@ class GenerateRequest:
     text: str
     chat: bool
     sampling: SamplingParams
+    protect: bool = True  # encode message content with special-token parsing off
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    text: str | None  # raw text, or None when `chat_file` is given
+    chat_file: Path | None
+    as_json: bool
+    protect: bool = True  # chat: message content is plain text (special-token parsing off)
+    plain_text: bool = False  # raw text: treat it all as plain, as if a user had sent it
+    builtin_template: str | None = None
 
 
 def info(path: Path, out: TextIO | None = None) -> None:
@@ -31,24 +47,48 @@ def info(path: Path, out: TextIO | None = None) -> None:
         print(f"{label:<{width}}  {value}", file=out)
 
 
-def prompt_ids(llm: LLM, text: str, chat: bool) -> list[int]:
-    """Raw text as the model's tokens (BOS added when the vocab asks), or one user turn via the template."""
+def prompt_ids(llm: LLM, text: str, chat: bool, protect: bool = True) -> list[int]:
+    """Raw text as the model's tokens (BOS added when the vocab asks), or one user turn via the template.
+
+    Raw text is the operator's own, so special-token strings in it are honoured; through the template,
+    the user's text is plain and can never become a special token unless `protect` is off.
+    """
     if not chat:
         return llm.tokenizer.encode(text, add_special=True)
-    if llm.chat_template is None:
-        raise ValueError(
-            f"{llm.config.path.name} has no chat template (tokenizer.chat_template); "
-            "drop --chat to generate from raw text"
+    template = _require_template(llm.chat_template, llm.config.path.name)
+    rendered = template.render_prompt([{"role": "user", "content": text}], protect=protect)
+    return list(encode_prompt(llm.tokenizer, rendered).ids)
+
+
+def _require_template(template: ChatTemplate | None, model_name: str) -> ChatTemplate:
+    if template is None:
+        raise TemplateError(
+            f"{model_name} has no chat template (tokenizer.chat_template); use --chat-template chatml "
+            "for the built-in ChatML template, or drop --chat to use raw text"
         )
-    rendered = llm.chat_template.render([{"role": "user", "content": text}], add_generation_prompt=True)
-    # Special-token-safe encoding of the user's text is the prompt layer's next step.
-    return llm.tokenizer.encode(rendered, add_special=False)
+    return template
+
+
+def tokenize(path: Path, request: TokenizeRequest, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    gguf = GGUFFile(path)
+    tokenizer, template = load_prompt_side(gguf.metadata, request.builtin_template)
+    if request.chat_file is not None:
+        messages, tools = load_chat(request.chat_file)
+        prompt = _require_template(template, path.name).render_prompt(
+            messages, tools=tools, protect=request.protect
+        )
+    else:
+        text = request.text or ""
+        prompt = RenderedPrompt.untrusted(text) if request.plain_text else RenderedPrompt.trusted(text)
+    rows = TokenRows.of(tokenizer, encode_prompt(tokenizer, prompt))
+    print(rows.to_json() if request.as_json else "\n".join(rows.table(tokenizer)), file=out)
 
 
 def generate(config: ModelConfig, request: GenerateRequest, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     llm = LLM(config, progress=True)
-    ids = prompt_ids(llm, request.text, request.chat)
+    ids = prompt_ids(llm, request.text, request.chat, request.protect)
     decoder = StreamDecoder(llm.tokenizer)
     for token in llm.generate(ids, request.sampling):
         out.write(decoder.push(token))

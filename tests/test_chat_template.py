@@ -164,4 +164,92 @@ def test_syntax_error_is_template_error() -> None:
 def test_gemma_gguf_has_no_template(gemma_path: Path) -> None:
     meta = GGUFFile(gemma_path).metadata
     assert "tokenizer.chat_template" not in meta
-    assert ChatTemplate.from_gguf(meta, Tokenizer.from_gguf(meta)) is None
+    assert ChatTemplate.from_gguf(meta, Tokenizer.from_gguf(meta)) is None  # callers pick a builtin
+
+
+def test_chatml_builtin() -> None:
+    template = ChatTemplate.builtin("chatml", eos_token="<|im_end|>")
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    text = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    assert template.render(chat) == text
+    assert template.render([{"role": "user", "content": "U"}], add_generation_prompt=False) == (
+        "<|im_start|>user\nU<|im_end|>\n"
+    )
+    rp = template.render_prompt(TOOL_CONVERSATION, tools=[WEATHER_TOOL])
+    assert rp.text == template.render(TOOL_CONVERSATION, tools=[WEATHER_TOOL])
+    assert rp.text.startswith("<|im_start|>system\nYou are a weather bot.\n\n# Tools\n")
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>' in rp.text
+    assert "\n<tool_response>\n" + TOOL_CONVERSATION[3]["content"] in rp.text
+    assert [rp.text[a:b] for a, b in rp.plain][-1] == TOOL_CONVERSATION[-1]["content"]
+    string_args = [
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]}
+    ]
+    assert template.render(string_args, add_generation_prompt=False) == (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call><|im_end|>\n'
+    )
+    with pytest.raises(TemplateError, match="no built-in chat template named 'llama'.*chatml"):
+        ChatTemplate.builtin("llama")
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [
+        ({"role": "user"}, "messages must be a list"),
+        (["hi"], "message 0 must be an object"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}],
+            "message 1 has unknown role 'bot'",
+        ),
+        ([{"role": "user", "content": 5}], r"message 0 \(user\): content must be a string or a list of text"),
+        ([{"role": "tool", "content": {"a": 1}}], r"message 0 \(tool\): content must be a string"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+            "content part 0 has type 'image",
+        ),
+        ([{"role": "user", "content": [{"type": "text"}]}], "content part 0: text must be a string"),
+        ([{"role": "user"}], r"message 0 \(user\) has no content"),
+        ([{"role": "user", "content": None}], r"message 0 \(user\) has no content"),
+        ([{"role": "assistant"}], r"message 0 \(assistant\) has no content"),
+        ([{"role": "user", "content": "a", "tool_calls": []}], "only assistant messages have tool_calls"),
+        (
+            [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": [1]}}]}],
+            "tool call 0: arg",
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}],
+            "tool call 0: the function name",
+        ),
+        ([{"role": "user", "content": "a", "name": 3}], "name must be a string"),
+    ],
+)
+def test_bad_chats_name_the_message(qwen, messages, match: str) -> None:
+    template, _ = qwen
+    for render in (template.render, template.render_prompt):
+        with pytest.raises(TemplateError, match=match):
+            render(messages)
+
+
+def test_bad_tools_and_template_failures(qwen) -> None:
+    with pytest.raises(TemplateError, match="tool 1 must be an object"):
+        qwen[0].render_prompt([{"role": "user", "content": "a"}], tools=[WEATHER_TOOL, "x"])
+    alternate = ChatTemplate(
+        "{% for m in messages %}{% if (m.role == 'user') != loop.index0 is even %}"
+        "{{ raise_exception('roles must alternate') }}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    chat = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "assistant", "content": "c"},
+    ]
+    with pytest.raises(TemplateError, match="refused the conversation at message 2: roles must alternate"):
+        alternate.render_prompt(chat)
+    with pytest.raises(TemplateError, match="failed at message 0: can only concatenate str"):
+        ChatTemplate("{% for m in messages %}{{ m.content + loop.index0 }}{% endfor %}").render(chat)
+
+
+def test_developer_is_system_and_parts_are_joined(qwen) -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    template, _ = qwen
+    assert template.render([{"role": "developer", "content": parts}]) == template.render(
+        [{"role": "system", "content": "a\nb"}]
+    )

@@ -14,8 +14,7 @@ from strata.engine.sampler import SamplingParams, sample
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.models import build_model
-from strata.prompt.chat_template import ChatTemplate
-from strata.prompt.tokenizer import Tokenizer
+from strata.prompt.loading import load_prompt_side
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -26,6 +25,7 @@ class ModelConfig:
 
     path: Path
     dtype: str = "float32"
+    chat_template: str | None = None  # a built-in template's name, instead of the file's own
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -58,8 +58,7 @@ class LLM:
         self.config = config
         self.gguf = GGUFFile(config.path)
         self.spec = ModelSpec.from_gguf(self.gguf)
-        self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
-        self.chat_template = ChatTemplate.from_gguf(self.gguf.metadata, self.tokenizer)
+        self.tokenizer, self.chat_template = load_prompt_side(self.gguf.metadata, config.chat_template)
         self.model = build_model(self.gguf, self.spec, DTYPES[config.dtype], progress=progress)
         self.stats = GenerationStats()
 
