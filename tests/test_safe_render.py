@@ -10,9 +10,9 @@ import pytest
 
 from strata.gguf.reader import GGUFFile
 from strata.prompt.chat_template import ChatTemplate, TemplateError
-from strata.prompt.messages import ANSWERS, CLOSE, OPEN, TRANSFORMS, TrackedStr
 from strata.prompt.rendered import RenderedPrompt
 from strata.prompt.tokenizer import Tokenizer
+from strata.prompt.tracked import ANSWERS, CLOSE, OPEN, TRANSFORMS, TrackedStr
 from tests.injection_corpus import (
     MACRO_TEMPLATE,
     QWEN3_TEMPLATE,

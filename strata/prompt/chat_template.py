@@ -6,7 +6,7 @@ transformers gives them (`raise_exception`, `strftime_now`, an HTML-unescaped `t
 
 `render_prompt` also says which characters of the prompt came from outside the template (message
 text, tool schemas and calls, template arguments): it renders a second time with every external
-string replaced by a tracked stand-in (`strata.prompt.messages.TrackedStr`), swaps the originals back
+string replaced by a tracked stand-in (`strata.prompt.tracked.TrackedStr`), swaps the originals back
 in where the stand-ins landed, and requires the result to be exactly the plain rendering. Text that
 the template copies verbatim, cuts (strip, trim, split, slices, indexing) or serializes with `tojson`
 is tracked; anything else it does with external text that reaches the prompt (upper, replace, a
@@ -29,20 +29,9 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from strata.prompt.builtin_templates import BUILTIN_TEMPLATES
-from strata.prompt.messages import (
-    ACTIVE,
-    MARKS,
-    Ext,
-    Registry,
-    TemplateError,
-    TrackedStr,
-    Untracked,
-    external_json,
-    plain_copy,
-    prepare_chat,
-    track,
-)
+from strata.prompt.messages import TemplateError, plain_copy, prepare_chat
 from strata.prompt.rendered import RenderedPrompt
+from strata.prompt.tracked import ACTIVE, MARKS, Ext, Registry, TrackedStr, Untracked, external_json, track
 
 if TYPE_CHECKING:
     from strata.prompt.tokenizer import Tokenizer
