@@ -12,7 +12,7 @@ class KVCache:
 
     Attention never owns a growing tensor: it writes new tokens at the slots it is given and reads the
     context back by slot. A contiguous sequence uses slots 0..n-1; the paged engine maps positions to
-    slots through block tables and hands over the same two slot tensors.
+    slots through block tables (slot = block * block_size + offset) and hands over the same tensors.
     """
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
@@ -32,27 +32,38 @@ class KVCache:
 class AttentionMetadata:
     """Where one forward step's tokens sit: built once per step, shared by every layer.
 
-    One sequence per step for now; the batched engine extends this with per-sequence offsets.
+    The step's tokens are the concatenation of each sequence's new tokens (`query_lens`); sequence i
+    attends over `context_slots[i]`, the slots of its whole context (cached, earlier and new tokens)
+    in position order, so its key at index j is at position j.
     """
 
     positions: torch.Tensor  # (num_tokens,) position of each new token
     slot_mapping: torch.Tensor  # (num_tokens,) slot each new token's K/V is written to
-    context_slots: torch.Tensor  # (context_len,) slots of the whole context, in position order
-    _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
+    query_lens: tuple[int, ...]  # new tokens per sequence, in batch order
+    context_slots: tuple[torch.Tensor, ...]  # per sequence: (context_len,) slots in position order
+    _masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def contiguous(cls, start: int, num_tokens: int) -> AttentionMetadata:
-        """Tokens start..start+num_tokens-1 of a sequence stored at slots equal to their positions."""
+        """Tokens start..start+num_tokens-1 of one sequence stored at slots equal to their positions."""
         positions = torch.arange(start, start + num_tokens)
-        return cls(positions, positions, torch.arange(start + num_tokens))
+        return cls(positions, positions, (num_tokens,), (torch.arange(start + num_tokens),))
 
-    def mask(self, window: int | None) -> torch.Tensor:
-        """(num_tokens, context_len) bool: causal, and within `window` positions when it is set."""
-        if window not in self._masks:
-            key_pos = torch.arange(self.context_slots.numel())
-            delta = self.positions[:, None] - key_pos[None, :]
+    def query_slices(self) -> list[slice]:
+        bounds, start = [], 0
+        for n in self.query_lens:
+            bounds.append(slice(start, start + n))
+            start += n
+        return bounds
+
+    def mask(self, seq: int, rows: slice, window: int | None) -> torch.Tensor:
+        """(query_len, context_len) bool for sequence `seq`: causal, within `window` when it is set."""
+        key = (seq, window)
+        if key not in self._masks:
+            key_pos = torch.arange(self.context_slots[seq].numel())
+            delta = self.positions[rows, None] - key_pos[None, :]
             allowed = delta >= 0
             if window is not None:
                 allowed &= delta < window
-            self._masks[window] = allowed
-        return self._masks[window]
+            self._masks[key] = allowed
+        return self._masks[key]

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from strata.engine.kv_cache import AttentionMetadata, KVCache
-from strata.engine.sampler import SamplingParams, sample
+from strata.engine.sampler import SamplingParams, max_new_tokens, sample_batch
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.models import build_model
@@ -71,43 +71,45 @@ class LLM:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
-        """Yield generated token ids as they are sampled; stops at an end-of-turn token or max_tokens.
+        """Yield generated token ids as they are sampled; stops at an end-of-turn token, one of
+        `params.stop_token_ids`, or max_tokens (None: the room left in the context).
 
-        The end-of-turn token itself is not yielded. `self.stats` describes the last call.
+        The stopping token itself is not yielded. Stop strings are text: a caller that wants them
+        feeds the tokens through `strata.engine.stop.StopChecker`. `self.stats` describes the last call.
         """
-        self._check_length(len(prompt_ids), params.max_tokens)
+        limit = self._check_length(len(prompt_ids), params)
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        kv = self._kv_cache(len(prompt_ids) + params.max_tokens)
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.tokenizer.eos_ids))
+        kv = self._kv_cache(len(prompt_ids) + limit)
+        history = list(prompt_ids)  # prompt + generated, for the penalties
         ids, start = prompt_ids, 0
         t0 = time.perf_counter()
-        while stats.generated_tokens < params.max_tokens:
+        while stats.generated_tokens < limit:
             meta = AttentionMetadata.contiguous(start, len(ids))
             hidden = self.model(torch.tensor(ids), kv, meta)
-            token = sample(self.model.compute_logits(hidden[-1:])[0], params, generator)
+            logits = self.model.compute_logits(hidden[-1:])
+            token = sample_batch(logits, [params], [generator], [history], [len(prompt_ids)]).token_ids[0]
             now = time.perf_counter()
             if start == 0:
                 stats.prefill_s = now - t0
             else:
                 stats.decode_s = now - t0 - stats.prefill_s
-            if token in self.tokenizer.eos_ids and not params.ignore_eos:
+            if token in stop_ids:
                 stats.finish_reason = "stop"
                 return
             stats.generated_tokens += 1
+            history.append(token)
             yield token
             start += len(ids)
             ids = [token]
         stats.finish_reason = "length"
 
-    def _check_length(self, prompt_len: int, max_tokens: int) -> None:
+    def _check_length(self, prompt_len: int, params: SamplingParams) -> int:
+        """The number of tokens this prompt may generate; ValueError when it does not fit."""
         if prompt_len == 0:
             raise ValueError("the prompt is empty; give at least one token")
-        limit = self.spec.context_length
-        if prompt_len + max_tokens > limit:
-            raise ValueError(
-                f"prompt is {prompt_len:,} tokens and max_tokens is {max_tokens:,}; together they exceed "
-                f"the model's context of {limit:,}; shorten the prompt or lower --max-tokens"
-            )
+        return max_new_tokens(params, prompt_len, self.spec.context_length)
 
     def _kv_cache(self, num_tokens: int) -> KVCache:
         s = self.spec

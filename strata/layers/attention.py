@@ -1,4 +1,4 @@
-"""Grouped-query attention over a KV store handed in by the caller (torch reference)."""
+"""Grouped-query attention over a paged KV store handed in by the caller (torch reference)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from strata.engine.kv_cache import AttentionMetadata, KVCache
 
 
 class Attention(nn.Module):
-    """Writes this step's K/V at their slots, then attends over the context's slots."""
+    """Writes this step's K/V at their slots, then attends each sequence over its context's slots."""
 
     def __init__(self, layer: int, num_heads: int, num_kv_heads: int, scale: float, window: int | None):
         super().__init__()
@@ -22,13 +22,16 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
         kv.write(self.layer, meta.slot_mapping, k, v)
-        keys, values = kv.read(self.layer, meta.context_slots)  # (context_len, num_kv_heads, head_dim)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            keys.to(q.dtype).transpose(0, 1),
-            values.to(q.dtype).transpose(0, 1),
-            attn_mask=meta.mask(self.window),
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        return out.transpose(0, 1).flatten(1)  # (num_tokens, num_heads * head_dim)
+        outs = []
+        for seq, rows in enumerate(meta.query_slices()):
+            keys, values = kv.read(self.layer, meta.context_slots[seq])  # (context_len, kv_heads, dim)
+            out = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1),
+                keys.to(q.dtype).transpose(0, 1),
+                values.to(q.dtype).transpose(0, 1),
+                attn_mask=meta.mask(seq, rows, self.window),
+                scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )
+            outs.append(out.transpose(0, 1))
+        return torch.cat(outs).flatten(1)  # (num_tokens, num_heads * head_dim)
