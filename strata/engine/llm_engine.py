@@ -1,0 +1,150 @@
+"""`LLMEngine`: requests in, token events out; each `step()` is schedule, run, postprocess."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from strata.engine.block_manager import BlockManager
+from strata.engine.model_runner import ModelRunner, RunnerOutput, ScheduledBatch
+from strata.engine.request import FinishReason, Request
+from strata.engine.sampler import SamplingParams, max_new_tokens, sample_batch
+from strata.engine.scheduler import Scheduler, SchedulerConfig
+from strata.engine.sequence import Sequence
+from strata.engine.stop import StopChecker
+from strata.models.base import DecoderModel
+from strata.prompt.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_blocks: int = 512
+    block_size: int = 16
+    enable_prefix_cache: bool = True
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError(
+                f"num_blocks {self.num_blocks} and block_size {self.block_size} must be positive"
+            )
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token of one request (or its end), with the text it completes."""
+
+    request_id: str
+    token_id: int | None  # None for an event that only finishes the request
+    text: str  # new text safe to show: never half a character, never part of a stop string
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class _Live:
+    """Per-request engine state that is not KV: its sequence, RNG, stop checker and token limit."""
+
+    seq: Sequence
+    generator: torch.Generator | None
+    stop: StopChecker
+    max_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, model: DecoderModel, tokenizer: Tokenizer, config: EngineConfig) -> None:
+        self.config, self.tokenizer = config, tokenizer
+        self.context_length = model.spec.context_length
+        self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_cache)
+        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.runner = ModelRunner(model, config.num_blocks, config.block_size)
+        self._live: dict[str, _Live] = {}
+        self._aborted: set[str] = set()
+        self._ids = itertools.count()
+
+    def add_request(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None, priority: int = 0
+    ) -> Request:
+        """Queue a request; raises EngineBusy when the waiting queue is full, ValueError for bad input."""
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self._live:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        limit = max_new_tokens(params, len(prompt_ids), self.context_length)
+        request = Request(
+            request_id, tuple(prompt_ids), params, priority=priority, arrival_time=time.monotonic()
+        )
+        seq = Sequence(request)
+        self.scheduler.add(seq)
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self._live[request_id] = _Live(seq, generator, StopChecker.for_params(self.tokenizer, params), limit)
+        return request
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its blocks are freed at the start of the next step."""
+        if request_id in self._live:
+            self._aborted.add(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def step(self) -> list[TokenEvent]:
+        events = self._reap_aborted()
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return events
+        out = self.runner.run(batch)
+        self.scheduler.finish_step(batch)
+        return events + self._postprocess(batch, out)
+
+    def _reap_aborted(self) -> list[TokenEvent]:
+        events = [self._finish(request_id, "abort") for request_id in sorted(self._aborted)]
+        self._aborted.clear()
+        return events
+
+    def _postprocess(self, batch: ScheduledBatch, out: RunnerOutput) -> list[TokenEvent]:
+        if not out.seqs:
+            return []
+        live = [self._live[seq.request.request_id] for seq in out.seqs]
+        sampled = sample_batch(
+            out.logits,
+            [seq.request.sampling for seq in out.seqs],
+            [state.generator for state in live],
+            [seq.token_ids for seq in out.seqs],
+            [seq.num_prompt_tokens for seq in out.seqs],
+        )
+        events = []
+        for row, (seq, state) in enumerate(zip(out.seqs, live, strict=True)):
+            request, token = seq.request, sampled.token_ids[row]
+            seq.append_token(token)
+            request.output_ids.append(token)
+            result = state.stop.push(token)
+            reason: FinishReason | None = "stop" if result.finished else None
+            if reason is None and len(request.output_ids) >= state.max_tokens:
+                reason = "length"
+            text = result.text + (state.stop.flush() if reason == "length" else "")
+            logprob = sampled.logprobs[row] if sampled.logprobs else None
+            top = sampled.top_logprobs[row] if sampled.top_logprobs else None
+            events.append(
+                TokenEvent(request.request_id, token, text, reason is not None, reason, logprob, top)
+            )
+            if reason is not None:
+                self._finish(request.request_id, reason)
+        return events
+
+    def _finish(self, request_id: str, reason: FinishReason) -> TokenEvent:
+        state = self._live.pop(request_id)
+        state.seq.request.finish(reason)
+        self.scheduler.remove(state.seq)
+        return TokenEvent(request_id, None, "", True, reason)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
+        """Run prompts to completion together (tests, offline use)."""
+        requests = [self.add_request(p, params) for p in prompts]
+        while self.has_unfinished():
+            self.step()
+        return requests
