@@ -75,6 +75,13 @@ class LLMEngine:
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
         limit = max_new_tokens(params, len(prompt_ids), self.context_length)
+        needed = -(-(len(prompt_ids) + self.config.scheduler.reserve_tokens) // self.config.block_size)
+        if needed > self.config.num_blocks:
+            raise ValueError(
+                f"prompt is {len(prompt_ids):,} tokens and needs {needed} KV blocks of "
+                f"{self.config.block_size} tokens; the pool has {self.config.num_blocks}; shorten the prompt "
+                "or give the engine more KV blocks"
+            )
         request = Request(
             request_id, tuple(prompt_ids), params, priority=priority, arrival_time=time.monotonic()
         )
@@ -95,9 +102,15 @@ class LLMEngine:
     def step(self) -> list[TokenEvent]:
         events = self._reap_aborted()
         batch = self.scheduler.schedule()
+        events += [self._finish(seq.request.request_id, "length") for seq in self.scheduler.exhausted]
+        self.scheduler.exhausted.clear()
         if not batch.seqs:
             return events
-        out = self.runner.run(batch)
+        try:
+            out = self.runner.run(batch)
+        except Exception as e:  # a failed step fails its requests, never leaks their blocks
+            message = f"the model step failed: {type(e).__name__}: {e}"
+            return events + [self._finish(seq.request.request_id, "error", message) for seq in batch.seqs]
         self.scheduler.finish_step(batch)
         return events + self._postprocess(batch, out)
 
@@ -136,9 +149,9 @@ class LLMEngine:
                 self._finish(request.request_id, reason)
         return events
 
-    def _finish(self, request_id: str, reason: FinishReason) -> TokenEvent:
+    def _finish(self, request_id: str, reason: FinishReason, error: str | None = None) -> TokenEvent:
         state = self._live.pop(request_id)
-        state.seq.request.finish(reason)
+        state.seq.request.finish(reason, error)
         self.scheduler.remove(state.seq)
         return TokenEvent(request_id, None, "", True, reason)
 

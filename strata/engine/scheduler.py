@@ -51,6 +51,7 @@ class Scheduler:
         self._waiting: list[_Waiting] = []  # a heap by Request.sort_key
         self.running: list[Sequence] = []  # in admission order; the newest is preempted first
         self.num_preemptions = 0
+        self.exhausted: list[Sequence] = []  # outgrew the whole KV pool; the engine ends them
 
     @property
     def num_waiting(self) -> int:
@@ -116,6 +117,11 @@ class Scheduler:
     def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
         """Blocks for `seq` to compute `num_tokens` more, preempting newer sequences if needed."""
         while not self.blocks.can_append(seq, num_tokens):
+            if self.running == [seq]:
+                # Alone and still out of blocks: the pool can never hold it; end it rather than spin.
+                self.running.remove(seq)
+                self.exhausted.append(seq)
+                return False
             victim = self.running[-1]
             self._preempt(victim)
             if victim is seq:
