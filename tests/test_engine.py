@@ -139,3 +139,14 @@ def test_stop_strings_end_the_text_before_the_match(llm: LLM) -> None:
         pieces += [e.text for e in engine.step() if e.request_id == request.request_id]
     assert request.finish_reason == "stop"
     assert "".join(pieces) == text[: text.index(stop)]
+
+
+def test_priority_runs_before_earlier_arrivals(llm: LLM) -> None:
+    engine = _engine(llm, max_num_seqs=1)
+    ids = llm.tokenizer.encode(PROMPTS[1])
+    low = engine.add_request(ids, SamplingParams(max_tokens=2), priority=1)
+    high = engine.add_request(ids, SamplingParams(max_tokens=2), priority=0)
+    order = []
+    while engine.has_unfinished():
+        order += [e.request_id for e in engine.step() if e.finished]
+    assert order == [high.request_id, low.request_id]
