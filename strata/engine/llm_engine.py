@@ -44,6 +44,8 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    cached_tokens: int | None = None  # on the finishing event: prompt tokens served from the prefix cache
+    error: str | None = None  # on a finishing event with finish_reason "error"
 
 
 @dataclass
@@ -153,7 +155,8 @@ class LLMEngine:
         state = self._live.pop(request_id)
         state.seq.request.finish(reason, error)
         self.scheduler.remove(state.seq)
-        return TokenEvent(request_id, None, "", True, reason)
+        cached = state.seq.request.cached_tokens
+        return TokenEvent(request_id, None, "", True, reason, cached_tokens=cached, error=error)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
         """Run prompts to completion together (tests, offline use)."""
