@@ -2,7 +2,6 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PROMPT ?= Write a Python function that checks whether a number is prime.
 
 .PHONY: run test lint clean
 
@@ -20,8 +19,7 @@ $(VENV)/.test-stamp: pyproject.toml | $(BIN)/python
 	touch $@
 
 run: $(VENV)/.run-stamp
-	$(BIN)/strata info
-	$(BIN)/strata generate --chat "$(PROMPT)" --max-tokens 256
+	$(BIN)/strata serve
 
 lint: $(VENV)/.test-stamp
 	$(BIN)/ruff check .

@@ -10,10 +10,13 @@ import torch
 
 from strata import commands, env
 from strata.engine.llm import DTYPES, ModelConfig
+from strata.engine.llm_engine import EngineConfig
 from strata.engine.sampler import SamplingParams
+from strata.engine.scheduler import SchedulerConfig
 from strata.gguf.reader import GGUFError
 from strata.model_store import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotAvailable, resolve_model
 from strata.prompt.builtin_templates import BUILTIN_TEMPLATES
+from strata.server.config import ServerConfig
 
 _MODEL_HELP = f"a GGUF file, or a packaged model: {', '.join(PACKAGED_MODELS)} (default {DEFAULT_MODEL})"
 
@@ -43,6 +46,24 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--plain", action="store_true", help="treat raw text as untrusted plain text")
     _prompt_options(tok)
 
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible API over HTTP")
+    srv.add_argument("--model", default=DEFAULT_MODEL, help=_MODEL_HELP)
+    srv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--served-model-name", default=None, help="the model id clients see")
+    key = srv.add_mutually_exclusive_group()
+    key.add_argument("--api-key", default=None, help="require this key on every route but /health")
+    key.add_argument("--api-key-file", type=Path, default=None, help="read the API key from a file")
+    srv.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    srv.add_argument("--kv-tokens", type=int, default=32_768, help="KV cache size in tokens")
+    srv.add_argument("--block-size", type=int, default=16)
+    srv.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together")
+    srv.add_argument("--max-batched-tokens", type=int, default=2048, help="chunked-prefill budget per step")
+    srv.add_argument(
+        "--conversation-slots", type=int, default=4, help="prompts kept for incremental encoding"
+    )
+    _prompt_options(srv)
+
     info = sub.add_parser("info", help="describe a GGUF model")
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=_MODEL_HELP)
     return parser
@@ -57,6 +78,27 @@ def _prompt_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let message content produce special tokens (only for trusted clients; off by default)",
     )
+
+
+def _serve(args: argparse.Namespace) -> None:
+    path = resolve_model(args.model)
+    api_key = args.api_key
+    if args.api_key_file is not None:
+        api_key = args.api_key_file.read_text(encoding="utf-8").strip()
+    server = ServerConfig(
+        host=args.host,
+        port=args.port,
+        model_name=args.served_model_name or (args.model if args.model in PACKAGED_MODELS else path.stem),
+        api_key=api_key,
+        trust_prompts=args.trust_prompts,
+        conversation_slots=args.conversation_slots,
+    )
+    scheduler = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens
+    )
+    num_blocks = -(-args.kv_tokens // args.block_size)
+    engine = EngineConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=scheduler)
+    commands.serve(ModelConfig(path, args.dtype, args.chat_template), engine, server)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             config = ModelConfig(resolve_model(args.model), args.dtype, args.chat_template)
             request = commands.GenerateRequest(args.text, args.chat, sampling, protect=not args.trust_prompts)
             commands.generate(config, request)
+        elif args.command == "serve":
+            _serve(args)
         elif args.command == "tokenize":
             tokenize = commands.TokenizeRequest(
                 text=args.text,

@@ -1,4 +1,4 @@
-"""What `strata generate`, `strata tokenize` and `strata info` do, once the CLI has parsed arguments."""
+"""What the `strata` subcommands do, once the CLI has parsed their arguments."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from strata.engine.llm import LLM, ModelConfig
+from strata.engine.llm_engine import EngineConfig
 from strata.engine.sampler import SamplingParams
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
@@ -18,6 +19,7 @@ from strata.prompt.loading import load_prompt_side
 from strata.prompt.rendered import RenderedPrompt
 from strata.prompt.safe_encode import encode_prompt
 from strata.prompt.stream_decoder import StreamDecoder
+from strata.server.config import ServerConfig
 
 
 @dataclass(frozen=True)
@@ -101,3 +103,28 @@ def generate(config: ModelConfig, request: GenerateRequest, out: TextIO | None =
         f"{s.generated_tokens} generated, decode {s.decode_tok_s:.2f} tok/s; finish: {s.finish_reason}]",
         file=sys.stderr,
     )
+
+
+def serve(model: ModelConfig, engine: EngineConfig, server: ServerConfig) -> None:
+    """Load the model, start the engine thread and serve HTTP until interrupted."""
+    import uvicorn
+
+    from strata.server.runtime import build_runtime
+
+    runtime = build_runtime(model, engine, server, progress=True)
+    base = f"http://{server.host}:{server.port}"
+    auth = ' -H "Authorization: Bearer $STRATA_API_KEY"' if server.api_key else ""
+    body = '{"messages": [{"role": "user", "content": "Write hello world in Python"}]}'
+
+    @runtime.app.on_event("startup")
+    async def announce() -> None:
+        print(f"strata: serving {model.path.name} as {server.model_name!r} on {base}", file=sys.stderr)
+        print(
+            f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
+            file=sys.stderr,
+        )
+
+    try:
+        uvicorn.run(runtime.app, host=server.host, port=server.port, log_level="warning")
+    finally:
+        runtime.close()

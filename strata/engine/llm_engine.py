@@ -144,9 +144,10 @@ class LLMEngine:
             text = result.text + (state.stop.flush() if reason == "length" else "")
             logprob = sampled.logprobs[row] if sampled.logprobs else None
             top = sampled.top_logprobs[row] if sampled.top_logprobs else None
-            events.append(
-                TokenEvent(request.request_id, token, text, reason is not None, reason, logprob, top)
-            )
+            cached = request.cached_tokens if reason is not None else None
+            done = reason is not None
+            event = TokenEvent(request.request_id, token, text, done, reason, logprob, top, cached)
+            events.append(event)
             if reason is not None:
                 self._finish(request.request_id, reason)
         return events
