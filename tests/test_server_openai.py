@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -160,3 +161,43 @@ def test_api_key_protects_every_route_but_health(runtime: Runtime) -> None:
 def test_text_completion(client: openai.OpenAI) -> None:
     out = client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=8, temperature=0)
     assert out.choices[0].text and out.usage is not None and out.usage.completion_tokens <= 8
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
+
+
+def test_tool_call_round_trip(client: openai.OpenAI) -> None:
+    out = _chat(client, messages=ASK, tools=[WEATHER], max_tokens=48)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    call = choice.message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert isinstance(json.loads(call.function.arguments), dict)
+    streamed = list(
+        client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=48, temperature=0, stream=True
+        )
+    )
+    args = "".join(
+        tc.function.arguments or ""
+        for c in streamed
+        if c.choices and c.choices[0].delta.tool_calls
+        for tc in c.choices[0].delta.tool_calls  # type: ignore[union-attr]
+    )
+    assert json.loads(args) == json.loads(call.function.arguments)
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    turns = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "clear"}'},
+    ]
+    answer = _chat(client, messages=turns, tools=[WEATHER], max_tokens=32)
+    assert answer.choices[0].message.content
+    print(f"tool call {call.function.arguments} -> answer {answer.choices[0].message.content!r}")

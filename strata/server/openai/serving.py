@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
@@ -18,6 +18,7 @@ from strata.server.chat_service import ChatRequest, ChatService, Prompt, check_f
 from strata.server.errors import bad_request
 from strata.server.openai import protocol as p
 from strata.server.openai.params import chat_sampling_params, sampling_params
+from strata.server.openai.tool_calls import ChatOutput, template_messages
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "stop", "error": "stop"}
 
@@ -47,25 +48,29 @@ class OpenAIServing:
     async def chat(self, req: p.ChatCompletionRequest) -> p.ChatCompletion | StreamingResponse:
         sampling = chat_sampling_params(req, self.service.tokenizer.vocab_size)
         tools = req.tools if req.tool_choice != "none" else None
-        chat = ChatRequest(req.messages, sampling, tools, dict(req.chat_template_kwargs or {}))
+        messages = template_messages(req.messages)
+        chat = ChatRequest(messages, sampling, tools, dict(req.chat_template_kwargs or {}))
         prompt = self.service.chat_prompt(chat)
         events = self.service.events(prompt, sampling)
         first = await anext(events)  # errors before the first token become HTTP errors, not broken streams
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
-            return self._stream(self._chat_chunks(first, events, prompt, rid, created, include_usage))
-        text, logprobs, last, num_tokens = [], [], first, 0
+            output = ChatOutput(tools_enabled=bool(tools))
+            chunks = self._chat_chunks(first, events, output, prompt, rid, created, include_usage)
+            return self._stream(chunks)
+        output = ChatOutput(tools_enabled=bool(tools))
+        logprobs, last, num_tokens = [], first, 0
         async for event in _chain(first, events):
-            text.append(event.text)
+            output.feed(event.text)
             logprobs += self._logprobs(event, sampling)
             num_tokens += event.token_id is not None
             last = event
         check_finished(last)
-        message = p.ChatMessage(content="".join(text))
+        output.finish()
         choice = p.ChatChoice(
-            message=message,
-            finish_reason=_FINISH[last.finish_reason or "stop"],
+            message=output.message(),
+            finish_reason=output.finish_reason(last.finish_reason),
             logprobs=p.ChoiceLogprobs(content=logprobs) if sampling.logprobs else None,
         )
         usage = _usage(prompt, num_tokens, last)
@@ -75,28 +80,31 @@ class OpenAIServing:
         self,
         first: TokenEvent,
         events: AsyncIterator[TokenEvent],
+        output: ChatOutput,
         prompt: Prompt,
         rid: str,
         created: int,
         include_usage: bool,
     ) -> AsyncIterator[str]:
-        def chunk(delta: p.ChatDelta, finish: str | None = None, **extra: Any) -> str:
-            choice = p.ChatChunkChoice(delta=delta, finish_reason=finish, **extra)
+        def chunk(delta: p.ChatDelta, finish: str | None = None) -> str:
+            choice = p.ChatChunkChoice(delta=delta, finish_reason=finish)
             return _sse(
                 p.ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[choice])
             )
 
         yield chunk(p.ChatDelta(role="assistant", content=""))
         completion_tokens = 0
-        async for event in _chain(first, events):
+        async for event in _closing(_chain(first, events), events):
             completion_tokens += event.token_id is not None
-            if event.text:
-                yield chunk(p.ChatDelta(content=event.text))
+            for delta in output.feed(event.text):
+                yield chunk(delta)
             if event.finished:
                 if event.finish_reason == "error":
                     yield _sse(json.dumps({"error": {"message": event.error, "type": "server_error"}}))
                     break
-                yield chunk(p.ChatDelta(), _FINISH[event.finish_reason or "stop"])
+                for delta in output.finish():
+                    yield chunk(delta)
+                yield chunk(p.ChatDelta(), output.finish_reason(event.finish_reason))
                 if include_usage:
                     usage = _usage(prompt, completion_tokens, event)
                     yield _sse(
@@ -139,7 +147,7 @@ class OpenAIServing:
 
         if echo:
             yield chunk(echo)
-        async for event in _chain(first, events):
+        async for event in _closing(_chain(first, events), events):
             if event.text:
                 yield chunk(event.text)
             if event.finished:
@@ -176,6 +184,18 @@ class OpenAIServing:
         if bad:
             raise bad_request(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", "tokens")
         return {"prompt": self.service.tokenizer.decode(req.tokens)}
+
+
+async def _closing(
+    inner: AsyncIterator[TokenEvent], events: AsyncIterator[TokenEvent]
+) -> AsyncIterator[TokenEvent]:
+    """Iterate `inner`; however the stream ends (a client disconnect included), close the engine
+    stream at once so the request is aborted and its KV blocks freed."""
+    try:
+        async for event in inner:
+            yield event
+    finally:
+        await cast(AsyncGenerator[TokenEvent, None], events).aclose()
 
 
 async def _chain(first: TokenEvent, rest: AsyncIterator[TokenEvent]) -> AsyncIterator[TokenEvent]:

@@ -1,0 +1,101 @@
+"""Parsed model output (text and Hermes tool calls) as OpenAI message deltas, streamed or whole."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from strata.server.openai import protocol as p
+from strata.server.tool_parser import (
+    OPEN_TAG,
+    TextDelta,
+    ToolArgumentsDelta,
+    ToolCallParser,
+    ToolCallStart,
+)
+
+_BARE_CALL = '{"name"'
+
+
+class ChatOutput:
+    """Feeds generated text through the tool-call parser; yields OpenAI deltas and keeps the totals.
+
+    Small Qwen models often answer a tool request with the bare call object, without the
+    `<tool_call>` tags their template asks for. When tools are offered and the output opens with
+    `{"name"`, it is parsed as a call (the parser accepts a complete object left unclosed at the end).
+    """
+
+    def __init__(self, tools_enabled: bool) -> None:
+        self.parser = ToolCallParser(tools_enabled=tools_enabled)
+        self.content: list[str] = []
+        self.calls: dict[int, p.ToolCall] = {}
+        self._head: str | None = "" if tools_enabled else None  # output held until the bare-call decision
+
+    def feed(self, text: str) -> list[p.ChatDelta]:
+        if self._head is not None:
+            self._head += text
+            head = self._head.lstrip()
+            if _BARE_CALL.startswith(head):
+                return []  # still undecided
+            text, self._head = self._head, None
+            if head.startswith(_BARE_CALL):
+                text = OPEN_TAG + "\n" + head
+        return self._deltas(self.parser.feed(text)) if text else []
+
+    def finish(self) -> list[p.ChatDelta]:
+        held, self._head = self._head or "", None
+        return self._deltas(self.parser.feed(held) + self.parser.finish())
+
+    def _deltas(self, parsed: list[Any]) -> list[p.ChatDelta]:
+        out: list[p.ChatDelta] = []
+        for delta in parsed:
+            if isinstance(delta, TextDelta):
+                self.content.append(delta.text)
+                out.append(p.ChatDelta(content=delta.text))
+            elif isinstance(delta, ToolCallStart):
+                call = p.ToolCall(index=delta.index, id=delta.id, function=p.FunctionCall(name=delta.name))
+                self.calls[delta.index] = call
+                out.append(p.ChatDelta(tool_calls=[call.model_copy(deep=True)]))
+            elif isinstance(delta, ToolArgumentsDelta):
+                self.calls[delta.index].function.arguments += delta.json_fragment
+                fragment = p.ToolCall(
+                    index=delta.index, type=None, function=p.FunctionCall(arguments=delta.json_fragment)
+                )
+                out.append(p.ChatDelta(tool_calls=[fragment]))
+        return out
+
+    def message(self) -> p.ChatMessage:
+        calls = [c.model_copy(update={"index": None}) for _, c in sorted(self.calls.items())]
+        return p.ChatMessage(content="".join(self.content) or None, tool_calls=calls or None)
+
+    def finish_reason(self, engine_reason: str | None) -> str:
+        if self.calls and engine_reason == "stop":
+            return "tool_calls"
+        return "length" if engine_reason == "length" else "stop"
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI messages as chat templates expect them: tool-call arguments as objects, not JSON text.
+
+    OpenAI clients send `arguments` as a JSON string; Hermes-style templates write `arguments | tojson`
+    and were trained on objects, so a string would be encoded twice.
+    """
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if not isinstance(calls, list):
+            out.append(message)
+            continue
+        fixed = []
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                try:
+                    args = json.loads(function["arguments"])
+                except ValueError:
+                    args = None
+                if isinstance(args, dict):
+                    call = {**call, "function": {**function, "arguments": args}}
+            fixed.append(call)
+        out.append({**message, "tool_calls": fixed})
+    return out
