@@ -157,7 +157,8 @@ class LLMEngine:
         state.seq.request.finish(reason, error)
         self.scheduler.remove(state.seq)
         cached = state.seq.request.cached_tokens
-        return TokenEvent(request_id, None, "", True, reason, cached_tokens=cached, error=error)
+        text = state.stop.flush() if reason == "length" else ""  # flush is idempotent
+        return TokenEvent(request_id, None, text, True, reason, cached_tokens=cached, error=error)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
         """Run prompts to completion together (tests, offline use)."""

@@ -102,7 +102,14 @@ class Scheduler:
             budget -= n
         while self._waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self._waiting[0].seq
-            if not self.blocks.can_allocate(seq, self.config.reserve_tokens):
+            # With nothing running, the reservation cannot be waited for: admit on what fits now (a
+            # preempted sequence may have grown past pool - reserve), or end what never can fit.
+            reserve = self.config.reserve_tokens if self.running else 0
+            if not self.blocks.can_allocate(seq, reserve):
+                if not self.running:
+                    heapq.heappop(self._waiting)
+                    self.exhausted.append(seq)
+                    continue
                 break  # FCFS: nothing jumps the head of the queue
             heapq.heappop(self._waiting)
             self.blocks.allocate(seq)

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from strata.server.anthropic.serving import AnthropicServing
 from strata.server.chat_service import ChatService
 from strata.server.config import ServerConfig
 from strata.server.errors import APIError
@@ -74,4 +75,5 @@ def create_app(service: ChatService, config: ServerConfig) -> FastAPI:
         return {"status": "ok"}
 
     app.include_router(OpenAIServing(service, config.model_name).router())
+    app.include_router(AnthropicServing(service, config.model_name).router())
     return app
