@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from strata.engine.llm import ModelConfig
+from strata.engine.llm_engine import EngineConfig
 from strata.model_store import resolve_model
+from strata.server.config import ServerConfig
+from strata.server.runtime import Runtime, build_runtime
+from tests.live_server import SERVED_MODEL, serving
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +23,18 @@ def qwen_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
     return resolve_model("gemma-3-270m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def runtime(qwen_path: Path) -> Iterator[Runtime]:
+    """One serving stack on the default model, shared by the API test files (one model load)."""
+    server = ServerConfig(model_name=SERVED_MODEL)
+    rt = build_runtime(ModelConfig(qwen_path), EngineConfig(num_blocks=1024), server)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="session")
+def base_url(runtime: Runtime) -> Iterator[str]:
+    with serving(runtime.app) as url:
+        yield url

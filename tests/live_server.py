@@ -11,6 +11,8 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
+SERVED_MODEL = "qwen2.5-coder-0.5b"  # the model id the shared test server answers to
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
 
@@ -14,8 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from strata.engine.llm import ModelConfig
-from strata.engine.llm_engine import EngineConfig, TokenEvent
+from strata.engine.llm_engine import TokenEvent
 from strata.engine.sampler import SamplingParams
 from strata.server.anthropic import protocol as p
 from strata.server.anthropic.serving import _Blocks, _content, _Reply
@@ -23,10 +20,10 @@ from strata.server.app import create_app
 from strata.server.chat_service import Prompt
 from strata.server.config import ServerConfig
 from strata.server.errors import APIError
-from strata.server.runtime import Runtime, build_runtime
-from tests.live_server import serving
+from strata.server.runtime import Runtime
+from tests.live_server import SERVED_MODEL, serving
 
-MODEL = "qwen2.5-coder-0.5b"
+MODEL = SERVED_MODEL
 HELLO: list[Any] = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
 GREEDY = {"temperature": 0}  # the 2.x client has no sampling arguments: they go in extra_body
 WEATHER: Any = {
@@ -58,19 +55,6 @@ def _call(call_id: str, name: str, args: dict) -> dict[str, Any]:
 
 def _request(**body: Any) -> p.MessagesRequest:
     return p.MessagesRequest.model_validate({"model": "m", "max_tokens": 10} | body)
-
-
-@pytest.fixture(scope="module")
-def runtime(qwen_path: Path) -> Iterator[Runtime]:
-    rt = build_runtime(ModelConfig(qwen_path), EngineConfig(num_blocks=1024), ServerConfig(model_name=MODEL))
-    yield rt
-    rt.close()
-
-
-@pytest.fixture(scope="module")
-def base_url(runtime: Runtime) -> Iterator[str]:
-    with serving(runtime.app) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -3,36 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from strata.engine.llm import ModelConfig
-from strata.engine.llm_engine import EngineConfig
 from strata.server.app import create_app
 from strata.server.config import ServerConfig
-from strata.server.runtime import Runtime, build_runtime
-from tests.live_server import serving
+from strata.server.runtime import Runtime
+from tests.live_server import SERVED_MODEL, serving
 
-MODEL = "qwen2.5-coder-0.5b"
+MODEL = SERVED_MODEL
 HELLO = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
-
-
-@pytest.fixture(scope="module")
-def runtime(qwen_path: Path) -> Iterator[Runtime]:
-    rt = build_runtime(ModelConfig(qwen_path), EngineConfig(num_blocks=1024), ServerConfig(model_name=MODEL))
-    yield rt
-    rt.close()
-
-
-@pytest.fixture(scope="module")
-def base_url(runtime: Runtime) -> Iterator[str]:
-    with serving(runtime.app) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
