@@ -244,7 +244,9 @@ def sample_batch(
     tokens = [0] * batch
     greedy = [b for b, p in enumerate(params) if p.greedy]
     if greedy:
-        for b, t in zip(greedy, processed[greedy].argmax(dim=-1).tolist(), strict=True):
+        # All-greedy batches (the common case) take the argmax in place: indexing would copy (B, V).
+        picked = processed if len(greedy) == batch else processed[greedy]
+        for b, t in zip(greedy, picked.argmax(dim=-1).tolist(), strict=True):
             tokens[b] = t
     groups: dict[tuple[float, int, float, float], list[int]] = {}
     for b, p in enumerate(params):
