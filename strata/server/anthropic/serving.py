@@ -32,10 +32,10 @@ from strata.engine.sampler import SamplingParams
 from strata.server import tool_parser as tp
 from strata.server.anthropic import protocol as p
 from strata.server.chat_service import ChatService, Prompt, check_finished
+from strata.server.lenient_tools import LenientToolCallParser
 from strata.server.reasoning import ReasoningDelta, ReasoningSplitter
 
 Event = tuple[str, dict[str, Any]]  # an SSE event: its name and its data
-_BARE_CALL, _INJECTED = '{"name"', tp.OPEN_TAG + "\n"
 
 # The one table of stop reasons, keyed by why the reply ended (see `_Reply.stop`).
 _STOP_REASON = {
@@ -59,20 +59,16 @@ def _sse(name: str, data: dict[str, Any]) -> str:
 class _Blocks:
     """A reply's text to content-block events, in order: thinking, then text and tool_use blocks.
 
-    Small Qwen models often answer a tool request with the bare call object, without the `<tool_call>`
-    tags: with tools on, an answer that opens with `{"name"` is parsed as a call (as the OpenAI
-    adapter does); if it does not parse, it comes back as text, unchanged.
+    Bare call objects (no `<tool_call>` tags) are calls too: see `strata.server.lenient_tools`.
     """
 
     def __init__(self, tools: bool, starts_in_reasoning: bool) -> None:
         self.splitter = ReasoningSplitter(starts_in_reasoning=starts_in_reasoning)
-        self.parser = tp.ToolCallParser(tools_enabled=tools, id_factory=_tool_use_id)
+        self.parser = LenientToolCallParser(tools_enabled=tools, id_factory=_tool_use_id)
         self.index, self.kind = -1, ""  # the last block's index; the open block's type ("": none open)
         self.abandoned: set[int] = set()
         self.tool_uses = 0
         self._space = ""  # whitespace not yet in a block: a block of only whitespace is never opened
-        self._head: str | None = "" if tools else None  # the answer's start, held until the bare-call test
-        self._injected = False  # the tag was added to a bare call: strip it from the text if it fails
         self._out: list[Event] = []
 
     def feed(self, text: str) -> list[Event]:
@@ -83,8 +79,7 @@ class _Blocks:
     def finish(self) -> list[Event]:
         for piece in self.splitter.finish():
             self._piece(piece)
-        held, self._head = self._head or "", None
-        for delta in self.parser.feed(held) + self.parser.finish():
+        for delta in self.parser.finish():
             self._delta(delta)
         self._close()
         return self._take()
@@ -101,24 +96,12 @@ class _Blocks:
             self._answer(piece.text)
 
     def _answer(self, text: str) -> None:
-        if self._head is not None:
-            self._head += text
-            head = self._head.lstrip()
-            if _BARE_CALL.startswith(head):
-                return  # undecided yet
-            text, self._head = self._head, None
-            if head.startswith(_BARE_CALL):
-                text, self._injected = _INJECTED + head, True
         for delta in self.parser.feed(text):
             self._delta(delta)
 
     def _delta(self, delta: tp.Delta) -> None:
         if isinstance(delta, tp.TextDelta):
-            text = delta.text
-            if self._injected and text.startswith(_INJECTED):  # the failed bare call's raw text
-                text = text[len(_INJECTED) :]
-            self._injected = False
-            self._text(text)
+            self._text(delta.text)
         elif isinstance(delta, tp.ToolCallStart):
             self._close()
             self._space = ""
@@ -128,7 +111,6 @@ class _Blocks:
         elif isinstance(delta, tp.ToolCallEnd):
             self._close()
             self.tool_uses += 1
-            self._injected = False
         elif isinstance(delta, tp.ToolCallParseError) and delta.started:  # partly streamed: no tool use
             self.abandoned.add(self.index)
             self._close()

@@ -5,46 +5,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from strata.server.lenient_tools import LenientToolCallParser
 from strata.server.openai import protocol as p
-from strata.server.tool_parser import (
-    OPEN_TAG,
-    TextDelta,
-    ToolArgumentsDelta,
-    ToolCallParser,
-    ToolCallStart,
-)
-
-_BARE_CALL = '{"name"'
+from strata.server.tool_parser import TextDelta, ToolArgumentsDelta, ToolCallParseError, ToolCallStart
 
 
 class ChatOutput:
-    """Feeds generated text through the tool-call parser; yields OpenAI deltas and keeps the totals.
-
-    Small Qwen models often answer a tool request with the bare call object, without the
-    `<tool_call>` tags their template asks for. When tools are offered and the output opens with
-    `{"name"`, it is parsed as a call (the parser accepts a complete object left unclosed at the end).
-    """
+    """Feeds generated text through the tool-call parser; yields OpenAI deltas and keeps the totals."""
 
     def __init__(self, tools_enabled: bool) -> None:
-        self.parser = ToolCallParser(tools_enabled=tools_enabled)
+        self.parser = LenientToolCallParser(tools_enabled=tools_enabled)
         self.content: list[str] = []
         self.calls: dict[int, p.ToolCall] = {}
-        self._head: str | None = "" if tools_enabled else None  # output held until the bare-call decision
 
     def feed(self, text: str) -> list[p.ChatDelta]:
-        if self._head is not None:
-            self._head += text
-            head = self._head.lstrip()
-            if _BARE_CALL.startswith(head):
-                return []  # still undecided
-            text, self._head = self._head, None
-            if head.startswith(_BARE_CALL):
-                text = OPEN_TAG + "\n" + head
         return self._deltas(self.parser.feed(text)) if text else []
 
     def finish(self) -> list[p.ChatDelta]:
-        held, self._head = self._head or "", None
-        return self._deltas(self.parser.feed(held) + self.parser.finish())
+        return self._deltas(self.parser.finish())
 
     def _deltas(self, parsed: list[Any]) -> list[p.ChatDelta]:
         out: list[p.ChatDelta] = []
@@ -56,6 +34,10 @@ class ChatOutput:
                 call = p.ToolCall(index=delta.index, id=delta.id, function=p.FunctionCall(name=delta.name))
                 self.calls[delta.index] = call
                 out.append(p.ChatDelta(tool_calls=[call.model_copy(deep=True)]))
+            elif isinstance(delta, ToolCallParseError):
+                # A call that broke after its start was streamed: the whole message drops it (its raw
+                # text follows as content); a stream cannot take the streamed part back.
+                self.calls.pop(delta.index, None)
             elif isinstance(delta, ToolArgumentsDelta):
                 self.calls[delta.index].function.arguments += delta.json_fragment
                 fragment = p.ToolCall(
