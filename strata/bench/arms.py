@@ -1,0 +1,55 @@
+"""What one arm of a comparison is: `KIND[@REV][:key=value,...]`, e.g. `strata`, `strata@HEAD~1`,
+`strata:threads=1`, `llamacpp:n_batch=256`, `transformers`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# The options each kind understands; every kind also takes `threads` and `model` (another GGUF file).
+OPTIONS: dict[str, frozenset[str]] = {
+    "strata": frozenset({"threads", "model", "dtype", "block_size", "max_batched_tokens", "prefix_cache"}),
+    "llamacpp": frozenset({"threads", "model", "n_batch"}),
+    "transformers": frozenset({"threads", "model", "dtype"}),
+}
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    kind: str
+    rev: str | None = None  # a git revision (strata only); None is the working tree
+    options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTIONS:
+            raise ValueError(f"arm kind {self.kind!r} is unknown; use one of {', '.join(OPTIONS)}")
+        if self.rev is not None and self.kind != "strata":
+            raise ValueError(f"{self.kind}@{self.rev}: only strata arms can name a git revision")
+        unknown = sorted(set(self.options) - OPTIONS[self.kind])
+        if unknown:
+            known = ", ".join(sorted(OPTIONS[self.kind]))
+            raise ValueError(f"arm {self.kind}: unknown option {', '.join(unknown)}; it takes {known}")
+
+    @classmethod
+    def parse(cls, text: str) -> ArmSpec:
+        head, _, opts = text.partition(":")
+        kind, _, rev = head.partition("@")
+        options: dict[str, str] = {}
+        for item in filter(None, opts.split(",")):
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ValueError(f"arm {text!r}: option {item!r} is not key=value")
+            options[key.strip()] = value.strip()
+        return cls(kind.strip(), rev.strip() or None, options)
+
+    def __str__(self) -> str:
+        text = self.kind + (f"@{self.rev}" if self.rev else "")
+        return text + (":" + ",".join(f"{k}={v}" for k, v in self.options.items()) if self.options else "")
+
+    @property
+    def arithmetic(self) -> tuple[Any, ...]:
+        """Arms with equal keys compute the same float operations, so greedy ids must match exactly.
+
+        Thread counts and batching options are assumed not to change the arithmetic (each output is
+        still one reduction in one order); a test or `--gate self` says otherwise when they do."""
+        return (self.kind, self.options.get("dtype", "float32"))
