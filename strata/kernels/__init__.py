@@ -1,0 +1,1 @@
+"""Triton kernels for the GPU path; each module holds one kernel family and its launcher."""

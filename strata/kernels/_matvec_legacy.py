@@ -1,0 +1,119 @@
+"""Fused dequant + matvec kernels for the 32-element block types Q8_0, Q5_0 and Q4_0.
+
+Each reads the planes of `quant_pack` (quants, then high bits, then fp16 scales), y[m, n] =
+sum_k x[m, k] * w[n, k], a program owning BLOCK_N output rows of every activation row and a
+1/SPLIT_K share of K. The quants are turned into exact float32 integers and dotted with x per block;
+the block's scale multiplies that block sum (d * sum(q * x) rather than sum((d * q) * x): the same
+weights, a different rounding order, within fp32 tolerance of the reference).
+"""
+
+import triton
+import triton.language as tl
+
+from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
+
+
+@triton.jit
+def q8_0_matvec_kernel(
+    x_ptr, y_ptr, qs_ptr, d_ptr,
+    N, K,
+    stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
+    M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    NB: tl.constexpr = BLOCK_K // 32
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
+    rc = tl.minimum(rows, N - 1)
+    ib = tl.arange(0, NB)
+    ij = tl.arange(0, 32)
+    lo, hi = split_range(K // 32, NB, SPLIT_K)
+    acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+    for b0 in range(lo, hi, NB):
+        blk = b0 + ib  # (NB,)
+        bm = blk < hi
+        q = tl.load(
+            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 32 + ij[None, None, :],
+            mask=bm[None, :, None],
+            other=0,
+        )  # (BLOCK_N, NB, 32) uint8 holding int8
+        # q + 128 = the byte with its sign bit flipped.
+        w = exact_float(q.to(tl.int32) ^ 0x80, 128)
+        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0).to(tl.float32)
+        for m in tl.static_range(M):
+            xv = tl.load(x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :], mask=bm[:, None], other=0)
+            part = tl.sum(tl.sum(w * xv.to(tl.float32)[None, :, :], 2) * d, 1)
+            acc = add_to_row(acc, part, m, M_PAD)
+    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD)
+
+
+@triton.jit
+def q5_0_matvec_kernel(
+    x_ptr, y_ptr, qs_ptr, qh_ptr, d_ptr,
+    N, K,
+    stride_xm, stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
+    M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    NB: tl.constexpr = BLOCK_K // 32
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rc = tl.minimum(rows, N - 1)
+    ib = tl.arange(0, NB)
+    ij = tl.arange(0, 16)
+    lo, hi = split_range(K // 32, NB, SPLIT_K)
+    acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+    for b0 in range(lo, hi, NB):
+        blk = b0 + ib
+        bm = blk < hi
+        # Byte i of a block holds element i in its low nibble and element 16 + i in its high one.
+        q = tl.load(
+            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 16 + ij[None, None, :],
+            mask=bm[None, :, None],
+            other=0,
+        ).to(tl.int32)  # (BLOCK_N, NB, 16)
+        qh = tl.load(qh_ptr + rc[:, None] * stride_qh + blk[None, :], mask=bm[None, :], other=0)[:, :, None]
+        w_lo = exact_float((q & 15) | (((qh >> ij[None, None, :]) & 1) << 4), 16)
+        w_hi = exact_float((q >> 4) | (((qh >> (ij[None, None, :] + 16)) & 1) << 4), 16)
+        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0).to(tl.float32)
+        for m in tl.static_range(M):
+            x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+            x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+            x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+            part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
+            acc = add_to_row(acc, part, m, M_PAD)
+    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD)
+
+
+@triton.jit
+def q4_0_matvec_kernel(
+    x_ptr, y_ptr, qs_ptr, d_ptr,
+    N, K,
+    stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
+    M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    NB: tl.constexpr = BLOCK_K // 32
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rc = tl.minimum(rows, N - 1)
+    ib = tl.arange(0, NB)
+    ij = tl.arange(0, 16)
+    lo, hi = split_range(K // 32, NB, SPLIT_K)
+    acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+    for b0 in range(lo, hi, NB):
+        blk = b0 + ib
+        bm = blk < hi
+        q = tl.load(
+            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 16 + ij[None, None, :],
+            mask=bm[None, :, None],
+            other=0,
+        ).to(tl.int32)  # (BLOCK_N, NB, 16)
+        w_lo = exact_float(q & 15, 8)
+        w_hi = exact_float(q >> 4, 8)
+        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0).to(tl.float32)
+        for m in tl.static_range(M):
+            x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+            x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+            x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+            part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
+            acc = add_to_row(acc, part, m, M_PAD)
+    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD)

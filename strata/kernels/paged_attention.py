@@ -1,0 +1,228 @@
+"""Split-K paged decode attention: one new query token per sequence over its paged K/V context.
+
+The cache is a layer's K and V from `strata.engine.kv_cache.KVCache`, each (num_slots, num_kv_heads,
+head_dim); position j of sequence b lives at slot block_tables[b, j // block_size] * block_size +
+j % block_size. Each sequence's context (or its last `window` positions) is cut into `num_splits`
+chunks; the program for (sequence, KV head, chunk) runs an online softmax over its chunk for all G
+query heads sharing that KV head (GQA: query head h reads KV head h // G) and writes a partial
+(running max, sum of exponentials, unnormalized weighted V sum). A second kernel merges the partials
+by log-sum-exp. With one split the first kernel normalizes and writes the output itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    qk_scale, window, block_size, num_splits,
+    stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + b)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+    # Chunks are whole tiles so that only a chunk's last tile is partial.
+    chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_T) * BLOCK_T
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, ctx)
+
+    ig = tl.arange(0, G_PAD)
+    idim = tl.arange(0, D_PAD)
+    heads = kvh * G + ig
+    gm = ig < G
+    dm = idim < D
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + idim[None, :], mask=gm[:, None] & dm[None, :]
+    )
+    q = q.to(k_ptr.dtype.element_ty)  # (G_PAD, D_PAD)
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
+    l_i = tl.zeros((G_PAD,), tl.float32)
+    acc = tl.zeros((G_PAD, D_PAD), tl.float32)
+    for t0 in range(start, end, BLOCK_T):
+        pos = t0 + tl.arange(0, BLOCK_T)
+        tm = pos < end
+        blk = tl.load(block_tables_ptr + b * stride_bt + pos // block_size, mask=tm, other=0)
+        slot = blk.to(tl.int64) * block_size + pos % block_size  # int64: slot * stride can pass 2**31
+        kv_mask = tm[:, None] & dm[None, :]
+        k = tl.load(
+            k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + idim[None, :], mask=kv_mask, other=0
+        )
+        if DOT_F32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (G_PAD, BLOCK_T), log2 units
+        s = tl.where(tm[None, :], s, float("-inf"))
+        # The tile's first position is always inside the chunk, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + idim[None, :], mask=kv_mask, other=0
+        )
+        if DOT_F32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    if ONE_SPLIT:
+        # l_i is 0 only for an empty context; write zeros then instead of 0/0.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + idim[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=gm[:, None] & dm[None, :])
+    else:
+        # Partials: (batch, NUM_HEADS, num_splits) for m and l, (..., D_PAD) for acc, contiguous.
+        row = (b * NUM_HEADS + heads) * num_splits + split
+        tl.store(part_m_ptr + row, m_i, mask=gm)
+        tl.store(part_l_ptr + row, l_i, mask=gm)
+        tl.store(part_acc_ptr + row[:, None] * D_PAD + idim[None, :], acc, mask=gm[:, None])
+
+
+@triton.jit
+def _merge_kernel(
+    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    num_splits, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    isp = tl.arange(0, S_PAD)
+    idim = tl.arange(0, D_PAD)
+    sm = isp < num_splits
+    row = (b * NUM_HEADS + h) * num_splits + isp
+    m = tl.load(part_m_ptr + row, mask=sm, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + row, mask=sm, other=0.0)
+    acc = tl.load(part_acc_ptr + row[:, None] * D_PAD + idim[None, :], mask=sm[:, None], other=0.0)
+    # out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; empty chunks have m_s = -inf (weight 0).
+    m_max = tl.max(m, 0)
+    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
+    w = tl.exp2(m - m_ref)
+    den = tl.sum(w * l_s, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + idim, out.to(out_ptr.dtype.element_ty), mask=idim < D)
+
+
+def choose_num_splits(
+    batch: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132, min_split_len: int = 256
+) -> int:
+    """Splits per sequence: enough (sequence, KV head, split) programs for two per SM, but no split
+    shorter than `min_split_len` positions (below that the merge costs more than the parallelism
+    gains), and at most 64."""
+    want = triton.cdiv(2 * num_sms, max(1, batch * num_kv_heads))
+    by_len = triton.cdiv(max(1, max_context_len), min_split_len)
+    return max(1, min(want, by_len, 64))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    block_size: int,
+    scale: float | None = None,
+    window: int | None = None,
+    num_splits: int | None = None,
+    max_context_len: int | None = None,
+    out: torch.Tensor | None = None,
+    block_t: int = 64,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """Attention of one new token per sequence over its paged context; returns (batch, heads, head_dim).
+
+    q: (batch, num_heads, head_dim); k_cache, v_cache: (num_slots, num_kv_heads, head_dim) with
+    contiguous rows; block_tables: (batch, max_blocks) int32; context_lens: (batch,) int32, each >= 1
+    and counting the new token (whose K/V must already be written). `scale` defaults to
+    1/sqrt(head_dim); `window` keeps only the last `window` positions (sliding-window layers).
+    `num_splits` defaults to `choose_num_splits` over `max_context_len` (an upper bound known on the
+    host; by default the block table's capacity), so choosing never syncs with the device.
+    """
+    if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"q must be (batch, heads, head_dim) and k/v caches (num_slots, kv_heads, head_dim) alike; "
+            f"got q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}"
+        )
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    if k_cache.shape[2] != head_dim or num_heads % num_kv_heads:
+        raise ValueError(
+            f"q has {num_heads} heads of dim {head_dim}; the cache has {num_kv_heads} KV heads of dim "
+            f"{k_cache.shape[2]} (heads must be a multiple of KV heads, dims equal)"
+        )
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch or context_lens.shape != (batch,):
+        raise ValueError(
+            f"block_tables must be ({batch}, max_blocks) and context_lens ({batch},); got "
+            f"{tuple(block_tables.shape)} and {tuple(context_lens.shape)}"
+        )
+    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
+        raise TypeError(
+            f"block_tables and context_lens must be int32, got {block_tables.dtype}, {context_lens.dtype}"
+        )
+    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q.stride(2) != 1 or block_tables.stride(1) != 1:
+        raise ValueError("q, k_cache, v_cache and block_tables need a contiguous last dim")
+    if block_t < 16 or block_t & (block_t - 1):
+        raise ValueError(f"block_t must be a power of two >= 16 (tl.dot's minimum), got {block_t}")
+    if block_size < 1 or (window is not None and window < 1):
+        raise ValueError(f"block_size and window must be >= 1, got {block_size} and {window}")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
+        raise ValueError(
+            f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim, got {tuple(out.shape)}"
+        )
+    if max_context_len is None:
+        max_context_len = block_tables.shape[1] * block_size
+    if window is not None:
+        max_context_len = min(max_context_len, window)
+    if num_splits is None:
+        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+        num_splits = choose_num_splits(batch, num_kv_heads, max_context_len, num_sms)
+    group = num_heads // num_kv_heads
+    d_pad = triton.next_power_of_2(head_dim)
+    # tl.dot needs at least 16 rows; the padded query rows are masked out.
+    g_pad = max(16, triton.next_power_of_2(group))
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    # Triton's interpreter (3.9) computes bf16 tl.dot wrongly; there the dots run in fp32 instead.
+    dot_f32 = k_cache.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+    # fp32 dots stay fp32 (not tf32); 16-bit inputs take the default.
+    precision = "ieee" if k_cache.dtype == torch.float32 or dot_f32 else None
+    part_m = part_l = part_acc = out  # unused placeholders with one split
+    if num_splits > 1:
+        part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(batch, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
+    _split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc,
+        scale * _LOG2E, window or 0, block_size, num_splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
+        ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
+        num_warps=num_warps,
+    )  # fmt: skip
+    if num_splits > 1:
+        _merge_kernel[(batch, num_heads)](
+            out, part_m, part_l, part_acc, num_splits, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=triton.next_power_of_2(num_splits),
+            num_warps=num_warps,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,148 @@
+"""Launcher for the fused dequant + matvec kernels: y = x @ W^T with W kept as GGUF blocks.
+
+x is (M, K) with 1 <= M <= MAX_M activation rows (decode, batched decode, speculative verification)
+in fp16, bf16 or fp32; W is (N, K) in a GGUF quant type, either as the raw uint8 tensor of its stored
+blocks, shape (N, K / block_size * type_size), or packed once by `pack_quant_weight`. y has x's
+dtype; every product is accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from gguf.constants import GGMLQuantizationType
+
+from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
+from strata.kernels._matvec_legacy import q4_0_matvec_kernel, q5_0_matvec_kernel, q8_0_matvec_kernel
+from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
+
+_T = GGMLQuantizationType
+MAX_M = 16
+_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Per type: the kernel and the K granularity of one loop unit (BLOCK_K must be a multiple of it).
+_KERNELS = {
+    _T.Q8_0: (q8_0_matvec_kernel, 32),
+    _T.Q5_0: (q5_0_matvec_kernel, 32),
+    _T.Q4_0: (q4_0_matvec_kernel, 32),
+    _T.Q4_K: (q4_k_matvec_kernel, 64),
+    _T.Q6_K: (q6_k_matvec_kernel, 128),
+}
+MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
+
+
+@dataclass(frozen=True)
+class MatvecConfig:
+    """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k."""
+
+    block_n: int = 16
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"MatvecConfig.{name} must be a power of two, got {value}")
+        if self.split_k < 1:
+            raise ValueError(f"MatvecConfig.split_k must be >= 1, got {self.split_k}")
+
+
+def auto_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int = 132) -> int:
+    """K splits so that fewer row tiles than two per SM still fill the GPU (each split >= 2 steps)."""
+    programs = triton.cdiv(n, block_n)
+    if programs >= 2 * num_sms:
+        return 1
+    return max(1, min(8, triton.cdiv(2 * num_sms, programs), k // (2 * block_k)))
+
+
+def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int, num_sms: int = 132) -> MatvecConfig:
+    """A first guess, to be replaced by the sweep in benchmarks/gpu_kernels.py.
+
+    16 rows per program and 256 elements per step keep one thread's quants at 16-32 bytes per step;
+    wider batches get shorter steps so that M per-row partial products fit in registers; K is split
+    by `auto_split_k`.
+    """
+    block_k = max(_KERNELS[qtype][1], 256 if m <= 4 else 128)
+    return MatvecConfig(16, block_k, auto_split_k(n, k, 16, block_k, num_sms))
+
+
+def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
+    if w.qtype == _T.Q4_K:
+        (raw,) = w.planes
+        # The fp16 view of the same bytes reads d and dmin without assembling bytes.
+        return [raw, raw.view(torch.float16)], [raw.stride(0)]
+    return list(w.planes), [p.stride(0) for p in w.planes]
+
+
+def quant_matvec(
+    x: torch.Tensor,
+    w: torch.Tensor | PackedQuantWeight,
+    qtype: GGMLQuantizationType,
+    n: int,
+    k: int,
+    *,
+    out: torch.Tensor | None = None,
+    config: MatvecConfig | None = None,
+) -> torch.Tensor:
+    """y = x @ W^T for x (M, k) and a GGUF-quantized W (n, k); returns y (M, n) in x's dtype.
+
+    `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
+    `PackedQuantWeight` from `pack_quant_weight` (pack once at load). `out`, when given, is written in
+    place and returned. Raises ValueError/TypeError naming the argument whose shape, dtype or device
+    does not fit.
+    """
+    if qtype not in _KERNELS:
+        supported = ", ".join(t.name for t in sorted(MATVEC_TYPES))
+        raise ValueError(f"no fused matvec for GGML type {qtype.name}; supported: {supported}")
+    if isinstance(w, PackedQuantWeight):
+        if (w.qtype, w.n, w.k) != (qtype, n, k):
+            raise ValueError(
+                f"packed weight is {w.qtype.name} ({w.n}, {w.k}), but the call says {qtype.name} ({n}, {k})"
+            )
+        packed = w
+    else:
+        packed = pack_quant_weight(w, qtype, n, k)
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be (M, {k}) for a weight with k={k}, got {tuple(x.shape)}")
+    m = x.shape[0]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"x has {m} rows; the fused matvec takes 1 to {MAX_M} (use a GEMM path for more)")
+    if x.dtype not in _X_DTYPES:
+        raise TypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if x.device != packed.device:
+        raise ValueError(f"x is on {x.device} but the weight is on {packed.device}")
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1 or out.device != x.device:
+        raise ValueError(
+            f"out must be a ({m}, {n}) {x.dtype} tensor on {x.device} with contiguous rows, "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device} with strides {out.stride()}"
+        )
+    if any(p.numel() >= 2**31 for p in packed.planes):
+        raise ValueError(
+            f"weight planes over 2 GiB are not supported (the kernels use int32 offsets): ({n}, {k})"
+        )
+    num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+    cfg = config or default_config(qtype, m, n, k, num_sms)
+    kernel, unit = _KERNELS[qtype]
+    if cfg.block_k % unit:
+        raise ValueError(f"{qtype.name} needs block_k to be a multiple of {unit}, got {cfg.block_k}")
+    # Split-K partials go to an fp32 workspace summed afterwards: deterministic, unlike atomics.
+    y = out if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
+    stride_ys = 0 if cfg.split_k == 1 else y.stride(0)
+    tensors, strides = _kernel_args(packed)
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    kernel[grid](
+        x, y, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
+        M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    if cfg.split_k > 1:
+        out.copy_(y.sum(0))
+    return out

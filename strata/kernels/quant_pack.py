@@ -1,0 +1,94 @@
+"""Regrouping GGUF block bytes into aligned planes for the fused matvec kernels.
+
+A GGUF row is a run of blocks whose fields sit at offsets like 2 or 34 bytes, so the quants of most
+types cannot be read with 16-byte loads. `pack_quant_weight` splits each block's fields into one
+plane per field (all rows' scales, all rows' quants, ...), each a contiguous (N, bytes per row)
+tensor. It only moves bytes: every value the kernels decode is the one `strata.quant.dequantize`
+decodes from the raw tensor, and the planes hold exactly as many bytes as the raw tensor. Q4_K needs
+no regrouping (its 144-byte blocks keep the quants 16-byte aligned), so its one plane is the raw
+tensor itself. Pack once when a layer is built, not per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+_T = GGMLQuantizationType
+
+# Per type: the planes as (start, end) byte ranges within one block, and each plane's element dtype.
+_FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, torch.dtype], ...]] = {
+    # d fp16, qs int8[32]
+    _T.Q8_0: ((2, 34, torch.uint8), (0, 2, torch.float16)),
+    # d fp16, qh uint32 (bit i = bit 4 of element i), qs 16 bytes of nibbles
+    _T.Q5_0: ((6, 22, torch.uint8), (2, 6, torch.int32), (0, 2, torch.float16)),
+    # d fp16, qs 16 bytes of nibbles
+    _T.Q4_0: ((2, 18, torch.uint8), (0, 2, torch.float16)),
+    # the whole block: d, dmin, 12 scale bytes, 128 quant bytes
+    _T.Q4_K: ((0, 144, torch.uint8),),
+    # ql 128 bytes, qh 64 bytes, scales int8[16], d fp16
+    _T.Q6_K: (
+        (0, 128, torch.uint8),
+        (128, 192, torch.uint8),
+        (192, 208, torch.int8),
+        (208, 210, torch.float16),
+    ),
+}
+PACKABLE_TYPES: frozenset[GGMLQuantizationType] = frozenset(_FIELDS)
+
+
+@dataclass(frozen=True)
+class PackedQuantWeight:
+    """An (n, k) GGUF weight as aligned per-field planes (see the module docstring for the order)."""
+
+    qtype: GGMLQuantizationType
+    n: int
+    k: int
+    planes: tuple[torch.Tensor, ...]
+
+    @property
+    def device(self) -> torch.device:
+        return self.planes[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.planes)
+
+
+def check_weight_bytes(w_bytes: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int) -> None:
+    """Raise a specific error unless `w_bytes` holds an (n, k) `qtype` tensor as GGUF stores it."""
+    if qtype not in _FIELDS:
+        supported = ", ".join(t.name for t in sorted(PACKABLE_TYPES))
+        raise ValueError(f"no fused matvec for GGML type {qtype.name}; supported: {supported}")
+    if w_bytes.dtype != torch.uint8:
+        raise TypeError(f"weight bytes must be a uint8 tensor, got {w_bytes.dtype}")
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    if n <= 0 or k <= 0 or k % block_size:
+        raise ValueError(
+            f"{qtype.name} needs n > 0 and k a positive multiple of {block_size}; got n={n}, k={k}"
+        )
+    expected = n * (k // block_size) * type_size
+    if w_bytes.numel() != expected:
+        raise ValueError(
+            f"{qtype.name} weight of shape ({n}, {k}) takes {expected} bytes "
+            f"(n * k / {block_size} * {type_size}), but the tensor holds {w_bytes.numel()}"
+        )
+
+
+def pack_quant_weight(
+    w_bytes: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int
+) -> PackedQuantWeight:
+    """Split raw GGUF bytes of an (n, k) weight into the planes the matvec kernels read."""
+    check_weight_bytes(w_bytes, qtype, n, k)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = w_bytes.reshape(n, k // block_size, type_size)
+    planes = []
+    for start, end, dtype in _FIELDS[qtype]:
+        plane = blocks[:, :, start:end]
+        # A fresh copy unless the field already is a whole aligned tensor (Q4_K's raw bytes).
+        if not plane.is_contiguous() or plane.storage_offset() % 16:
+            plane = plane.clone(memory_format=torch.contiguous_format)
+        planes.append(plane.view(dtype).reshape(n, -1))
+    return PackedQuantWeight(qtype, n, k, tuple(planes))

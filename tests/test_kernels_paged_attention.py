@@ -1,0 +1,128 @@
+"""Split-K paged decode attention against a float64 softmax over the same paged cache.
+
+Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is
+imported) at small sizes; with CUDA they run compiled, and long contexts (3,000 and 30,000) too.
+
+The cache is filled with NaN before the context is written, at shuffled blocks, so a read outside
+the context or a lost mask shows up as NaN; outputs are poisoned with NaN before the call.
+
+Tolerance, per sequence, relative to that sequence's largest |output| (an average over a long context
+of N(0, 1) values shrinks like 1/sqrt(context), and so does the error): fp32 1e-5 (the reference sums
+in another order, in float64); fp16/bf16 4 * eps(dtype): the probabilities are rounded to the cache
+dtype before P @ V, as in flash attention, then the output to its dtype.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from strata.kernels.paged_attention import choose_num_splits, paged_decode_attention  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="long contexts run only on CUDA")
+
+
+def make_case(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    batch = len(context_lens)
+    max_blocks = max(-(-n // block_size) for n in context_lens)
+    num_blocks = batch * max_blocks + 3  # spare blocks stay NaN
+    perm = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].view(batch, max_blocks)
+    shape = (num_blocks * block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    contexts = []
+    for b, n in enumerate(context_lens):
+        pos = torch.arange(n)
+        slots = perm[b, pos // block_size] * block_size + pos % block_size
+        k = torch.randn(n, num_kv_heads, head_dim, generator=g).to(dtype)
+        v = torch.randn(n, num_kv_heads, head_dim, generator=g).to(dtype)
+        k_cache[slots], v_cache[slots] = k, v
+        contexts.append((k, v))
+    q = torch.randn(batch, num_heads, head_dim, generator=g).to(dtype)
+    return q, k_cache, v_cache, perm.to(torch.int32), torch.tensor(context_lens, dtype=torch.int32), contexts
+
+
+def reference(q, contexts, scale, window):
+    group = q.shape[1] // contexts[0][0].shape[1]
+    outs = []
+    for b, (k, v) in enumerate(contexts):
+        k = k.double().repeat_interleave(group, 1)  # (n, heads, dim)
+        v = v.double().repeat_interleave(group, 1)
+        s = torch.einsum("hd,thd->ht", q[b].double(), k) * scale
+        if window is not None:
+            s[:, : max(0, k.shape[0] - window)] = float("-inf")
+        outs.append(torch.einsum("ht,thd->hd", s.softmax(-1), v))
+    return torch.stack(outs)
+
+
+def check(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, num_splits, window=None):
+    q, k_cache, v_cache, tables, lens, contexts = make_case(
+        context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=len(context_lens) + head_dim
+    )
+    scale = head_dim**-0.5
+    out = torch.full(q.shape, float("nan"), dtype=dtype, device=DEVICE)
+    got = paged_decode_attention(
+        q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE),
+        block_size=block_size, scale=scale, window=window, num_splits=num_splits, out=out,
+    )  # fmt: skip
+    assert got is out
+    got = got.cpu().double()
+    assert torch.isfinite(got).all(), "NaN/Inf in the output (the cache outside the context is NaN)"
+    tol = 1e-5 if dtype == torch.float32 else 4 * torch.finfo(dtype).eps
+    ref = reference(q, contexts, scale, window)
+    rel = ((got - ref).abs().flatten(1).amax(1) / ref.abs().flatten(1).amax(1)).max().item()
+    assert rel <= tol, f"relative error {rel:.3g} > {tol:.3g} ({dtype}, splits {num_splits}, window {window})"
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_contexts_1_17_300(num_splits, dtype):
+    # GQA with 2 query heads per KV head; 300 positions over 19 shuffled blocks of 16.
+    check([1, 17, 300], 4, 2, 32, 16, dtype, num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_group_of_seven_odd_block_and_head_dim(num_splits):
+    # Qwen2.5's 14 query heads over 2 KV heads; head_dim 24 pads to 32; blocks of 5 positions.
+    check([17, 300, 2], 14, 2, 24, 5, torch.float16, num_splits)
+
+
+@pytest.mark.parametrize("window", [1, 20, 1000])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_sliding_window(window, num_splits):
+    check([1, 17, 300], 4, 1, 16, 16, torch.float32, num_splits, window=window)
+
+
+def test_adaptive_splits():
+    check([1, 17, 300], 2, 2, 16, 16, torch.float32, None)
+    assert choose_num_splits(1, 2, 300) == 2  # two splits of >= 256 positions
+    assert choose_num_splits(1, 2, 30_000) == 64  # capped
+    assert choose_num_splits(64, 8, 30_000) == 1  # the batch alone fills the SMs
+
+
+@cuda_only
+@pytest.mark.parametrize("num_splits", [None, 8, 32])
+@pytest.mark.parametrize("context_lens", [[3000, 1, 17], [30_000, 300]])
+def test_long_contexts_cuda(context_lens, num_splits):
+    check(context_lens, 28, 4, 128, 16, torch.bfloat16, num_splits)
+    check(context_lens, 14, 2, 64, 16, torch.float16, num_splits, window=4096)
+
+
+def test_errors_name_the_problem():
+    q, k, v, tables, lens, _ = make_case([5], 4, 2, 16, 4, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        paged_decode_attention(q[:, :3], k, v, tables, lens, block_size=4)
+    with pytest.raises(TypeError, match="int32"):
+        paged_decode_attention(q, k, v, tables.long(), lens, block_size=4)
+    with pytest.raises(ValueError, match="context_lens"):
+        paged_decode_attention(q, k, v, tables, lens[:0], block_size=4)

@@ -1,0 +1,147 @@
+"""The fused dequant + matvec kernels against strata.quant.dequantize then a float64 matmul.
+
+Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here before triton is
+imported, since `triton.jit` picks the interpreter when a kernel is decorated) at small sizes; with
+CUDA they run compiled, at the same sizes plus model-sized ones.
+
+Tolerance: |y - ref| <= eps(out dtype) * |ref| + 1e-5 * (|x| @ |W|^T). The first term is rounding y
+to its dtype; the second covers fp32 accumulation in another order than the reference (typical error
+about sqrt(K) * 2^-24 of the absolute sum, here under 4e-6 at K <= 1536; a wrong scale, nibble or
+block gives errors of the order of |ref| itself, hundreds of times larger).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
+
+pytest.importorskip("triton")
+
+from strata.kernels.quant_matvec import MAX_M, MatvecConfig, default_config, quant_matvec  # noqa: E402
+from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
+from strata.quant import dequantize  # noqa: E402
+
+T = GGMLQuantizationType
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="model-sized shapes run only on CUDA")
+
+# Byte offsets of the fp16 scale fields (d, dmin) in a block; random bytes there may be Inf/NaN.
+SCALE_OFFSETS = {T.Q8_0: (0,), T.Q5_0: (0,), T.Q4_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
+TYPES = list(SCALE_OFFSETS)
+
+
+def random_weight(qtype: GGMLQuantizationType, n: int, k: int, seed: int) -> torch.Tensor:
+    """Fresh random GGUF bytes of an (n, k) weight, every fp16 scale finite and varying per block."""
+    rng = np.random.default_rng(seed)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    num_blocks = n * k // block_size
+    raw = rng.integers(0, 256, (num_blocks, type_size), dtype=np.uint8)
+    for off in SCALE_OFFSETS[qtype]:
+        scale = rng.uniform(0.001, 0.1, num_blocks) * rng.choice([-1.0, 1.0], num_blocks)
+        raw[:, off : off + 2] = scale.astype(np.float16).view(np.uint8).reshape(num_blocks, 2)
+    return torch.from_numpy(raw.reshape(-1))
+
+
+def check(
+    qtype: GGMLQuantizationType, m: int, n: int, k: int, dtype: torch.dtype, config: MatvecConfig | None
+):
+    raw = random_weight(qtype, n, k, seed=hash((qtype, m, n, k)) % 2**32)
+    w = dequantize(raw, qtype, (n, k)).double()
+    x = torch.randn(m, k, dtype=torch.float64).to(dtype)
+    ref = x.double() @ w.T
+    bound = x.double().abs() @ w.abs().T
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    y = quant_matvec(x.to(DEVICE), packed, qtype, n, k, out=out, config=config)
+    assert y is out
+    y = y.cpu().double()
+    assert torch.isfinite(y).all(), f"{qtype.name}: non-finite outputs remain (poisoned with NaN)"
+    err = (y - ref).abs()
+    tol = torch.finfo(dtype).eps * ref.abs() + 1e-5 * bound
+    worst = (err / tol).max().item()
+    assert (err <= tol).all(), f"{qtype.name} m={m} n={n} k={k} {dtype} {config}: error/tol up to {worst:.2f}"
+
+
+def k_for(qtype: GGMLQuantizationType, blocks: int) -> int:
+    return GGML_QUANT_SIZES[qtype][0] * blocks
+
+
+# (m, dtype, config): ragged tiles everywhere (n = 37 is no multiple of block_n; k is no multiple of
+# block_k * split_k), splits 1, 3 and 8, and M = 1, 3 and 16.
+CASES = [
+    (1, torch.float16, MatvecConfig(16, 256, 1)),
+    (3, torch.bfloat16, MatvecConfig(8, 128, 3)),
+    (16, torch.float32, None),
+    (1, torch.float32, MatvecConfig(32, 512, 8)),
+]
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("m,dtype,config", CASES, ids=lambda c: str(c)[:24])
+def test_matches_reference(
+    qtype: GGMLQuantizationType, m: int, dtype: torch.dtype, config: MatvecConfig | None
+):
+    blocks = 11 if GGML_QUANT_SIZES[qtype][0] == 32 else 5  # k = 352 or 1280
+    check(qtype, m, 37, k_for(qtype, blocks), dtype, config)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_raw_bytes_and_one_row(qtype: GGMLQuantizationType):
+    # Unpacked bytes are packed by the call itself; a single output row and a single K block.
+    k = k_for(qtype, 1)
+    raw = random_weight(qtype, 1, k, seed=7)
+    x = torch.randn(1, k)
+    ref = x.double() @ dequantize(raw, qtype, (1, k)).double().T
+    y = quant_matvec(x.to(DEVICE), raw.to(DEVICE), qtype, 1, k).cpu().double()
+    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@cuda_only
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("n,k", [(4864, 896), (896, 4864), (3584, 3584)])
+def test_model_shapes_cuda(qtype: GGMLQuantizationType, m: int, n: int, k: int):
+    if k % GGML_QUANT_SIZES[qtype][0]:
+        pytest.skip(f"k={k} is not a multiple of the {qtype.name} block")
+    check(qtype, m, n, k, torch.bfloat16, None)
+
+
+def test_default_config_splits_small_n():
+    cfg = default_config(T.Q4_K, 1, 896, 4864)
+    assert cfg.split_k > 1
+    assert default_config(T.Q4_K, 1, 18944, 3584).split_k == 1
+
+
+def test_errors_name_the_problem():
+    raw = random_weight(T.Q8_0, 4, 64, seed=1).to(DEVICE)
+    x = torch.randn(1, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="takes 272 bytes"):
+        quant_matvec(x, raw[:-1], T.Q8_0, 4, 64)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quant_matvec(x, raw, T.Q8_0, 4, 60)
+    with pytest.raises(ValueError, match=r"x must be \(M, 64\)"):
+        quant_matvec(torch.randn(1, 32, device=DEVICE), raw, T.Q8_0, 4, 64)
+    with pytest.raises(ValueError, match=f"1 to {MAX_M}"):
+        quant_matvec(torch.randn(MAX_M + 1, 64, device=DEVICE), raw, T.Q8_0, 4, 64)
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
+        quant_matvec(x.double(), raw, T.Q8_0, 4, 64)
+    with pytest.raises(ValueError, match="no fused matvec for GGML type Q2_K"):
+        quant_matvec(x, raw, T.Q2_K, 4, 64)
+    with pytest.raises(ValueError, match="out must be"):
+        quant_matvec(x, raw, T.Q8_0, 4, 64, out=torch.empty(1, 5, device=DEVICE))
+    packed = pack_quant_weight(raw, T.Q8_0, 4, 64)
+    with pytest.raises(ValueError, match="packed weight is Q8_0"):
+        quant_matvec(x, packed, T.Q8_0, 2, 128)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        quant_matvec(
+            torch.randn(1, 256, device=DEVICE), random_weight(T.Q6_K, 1, 256, 2).to(DEVICE), T.Q6_K, 1, 256,
+            config=MatvecConfig(16, 64),
+        )  # fmt: skip
