@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from strata import commands, env
+from strata.bench import command as bench_command
 from strata.engine.llm import DTYPES, ModelConfig
 from strata.engine.llm_engine import EngineConfig
 from strata.engine.sampler import SamplingParams
@@ -17,6 +18,7 @@ from strata.gguf.reader import GGUFError
 from strata.model_store import DEFAULT_MODEL, PACKAGED_MODELS, ModelNotAvailable, resolve_model
 from strata.prompt.builtin_templates import BUILTIN_TEMPLATES
 from strata.server.config import ServerConfig
+from strata.server.model_config import ModelServingConfig, shipped_config
 
 _MODEL_HELP = f"a GGUF file, or a packaged model: {', '.join(PACKAGED_MODELS)} (default {DEFAULT_MODEL})"
 
@@ -60,12 +62,32 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together")
     srv.add_argument("--max-batched-tokens", type=int, default=2048, help="chunked-prefill budget per step")
     srv.add_argument(
-        "--conversation-slots", type=int, default=4, help="prompts kept for incremental encoding"
+        "--conversation-slots",
+        type=int,
+        default=None,
+        help="prompts kept for incremental encoding (default: the model config's, 4)",
+    )
+    srv.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="per-model JSON config (sampling defaults, context size, ...); default: the one shipped "
+        "for a packaged model",
     )
     _prompt_options(srv)
 
     info = sub.add_parser("info", help="describe a GGUF model")
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=_MODEL_HELP)
+
+    syn = sub.add_parser("synth", help="write a random-weight GGUF in the exact layout of a real model")
+    syn.add_argument("spec", nargs="?", help="a built-in layout (see --list) or a JSON layout file")
+    syn.add_argument("out", nargs="?", type=Path, help="the GGUF file to write")
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--threads", type=int, default=None, help="generator threads (default: all cores)")
+    syn.add_argument("--list", action="store_true", help="list the built-in layouts")
+
+    bench = sub.add_parser("bench", help="time strata (decode, prefill) or two arms against each other (ab)")
+    bench_command.add_arguments(bench, _MODEL_HELP, DEFAULT_MODEL)
     return parser
 
 
@@ -85,20 +107,24 @@ def _serve(args: argparse.Namespace) -> None:
     api_key = args.api_key
     if args.api_key_file is not None:
         api_key = args.api_key_file.read_text(encoding="utf-8").strip()
+    model_config = ModelServingConfig.load(args.config) if args.config else shipped_config(args.model)
+    slots = (
+        args.conversation_slots if args.conversation_slots is not None else model_config.conversation_slots
+    )
     server = ServerConfig(
         host=args.host,
         port=args.port,
         model_name=args.served_model_name or (args.model if args.model in PACKAGED_MODELS else path.stem),
         api_key=api_key,
         trust_prompts=args.trust_prompts,
-        conversation_slots=args.conversation_slots,
+        conversation_slots=slots,
     )
     scheduler = SchedulerConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens
     )
     num_blocks = -(-args.kv_tokens // args.block_size)
     engine = EngineConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=scheduler)
-    commands.serve(ModelConfig(path, args.dtype, args.chat_template), engine, server)
+    commands.serve(ModelConfig(path, args.dtype, args.chat_template), engine, server, model_config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "info":
             commands.info(resolve_model(args.model))
+        elif args.command == "synth":
+            from strata.synth.command import synth_command
+
+            synth_command(args.spec, args.out, args.seed, args.threads, args.list)
+        elif args.command == "bench":
+            return bench_command.main(args)
         elif args.command == "generate":
             sampling = SamplingParams(
                 max_tokens=args.max_tokens,

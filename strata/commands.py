@@ -20,6 +20,7 @@ from strata.prompt.rendered import RenderedPrompt
 from strata.prompt.safe_encode import encode_prompt
 from strata.prompt.stream_decoder import StreamDecoder
 from strata.server.config import ServerConfig
+from strata.server.model_config import ModelServingConfig
 
 
 @dataclass(frozen=True)
@@ -105,13 +106,15 @@ def generate(config: ModelConfig, request: GenerateRequest, out: TextIO | None =
     )
 
 
-def serve(model: ModelConfig, engine: EngineConfig, server: ServerConfig) -> None:
+def serve(
+    model: ModelConfig, engine: EngineConfig, server: ServerConfig, model_config: ModelServingConfig
+) -> None:
     """Load the model, start the engine thread and serve HTTP until interrupted."""
     import uvicorn
 
     from strata.server.runtime import build_runtime
 
-    runtime = build_runtime(model, engine, server, progress=True)
+    runtime = build_runtime(model, engine, server, model_config, progress=True)
     base = f"http://{server.host}:{server.port}"
     auth = ' -H "Authorization: Bearer $STRATA_API_KEY"' if server.api_key else ""
     body = '{"messages": [{"role": "user", "content": "Write hello world in Python"}]}'

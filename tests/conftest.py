@@ -11,6 +11,7 @@ from strata.engine.llm import ModelConfig
 from strata.engine.llm_engine import EngineConfig
 from strata.model_store import resolve_model
 from strata.server.config import ServerConfig
+from strata.server.model_config import shipped_config
 from strata.server.runtime import Runtime, build_runtime
 from tests.live_server import SERVED_MODEL, serving
 
@@ -27,9 +28,11 @@ def gemma_path() -> Path:
 
 @pytest.fixture(scope="session")
 def runtime(qwen_path: Path) -> Iterator[Runtime]:
-    """One serving stack on the default model, shared by the API test files (one model load)."""
+    """One serving stack on the default model with its shipped config, as `strata serve` runs it,
+    shared by the API test files (one model load)."""
     server = ServerConfig(model_name=SERVED_MODEL)
-    rt = build_runtime(ModelConfig(qwen_path), EngineConfig(num_blocks=1024), server)
+    config = shipped_config(SERVED_MODEL)
+    rt = build_runtime(ModelConfig(qwen_path), EngineConfig(num_blocks=1024), server, config)
     yield rt
     rt.close()
 

@@ -39,3 +39,27 @@ def test_prose_and_tools_off_are_text() -> None:
     assert _run(LenientToolCallParser(True), ['{"nam', "e is a key"]) == ('{"name is a key', [])
     assert _run(LenientToolCallParser(True), ["Sure: ", BARE]) == ("Sure: " + BARE, [])
     assert _run(LenientToolCallParser(False), [BARE]) == (BARE, [])
+
+
+FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```'
+
+
+def test_fenced_bare_call_split_anywhere_is_a_call() -> None:
+    # Qwen2.5-Coder with its card's sampling often wraps the call in a Markdown fence.
+    for cut in range(1, len(FENCED)):
+        text, calls = _run(LenientToolCallParser(True), [FENCED[:cut], FENCED[cut:]])
+        assert text.strip() == "", (cut, text)
+        assert [(n, json.loads(a)) for n, a in calls] == [("get_weather", {"city": "Paris"})], cut
+
+
+def test_a_broken_fenced_call_comes_back_unchanged_with_its_fence() -> None:
+    broken = '```json\n{"name": "get_weather", "arguments": {"city": }\n```\nmore'
+    for cut in (3, 9, 20, len(broken) - 6, len(broken) - 1):
+        text, calls = _run(LenientToolCallParser(True), [broken[:cut], broken[cut:]])
+        assert text == broken and calls == [], cut
+
+
+def test_a_fence_around_other_json_is_text() -> None:
+    other = '```json\n{"city": "Paris"}\n```'
+    assert _run(LenientToolCallParser(True), [other]) == (other, [])
+    assert _run(LenientToolCallParser(False), [FENCED]) == (FENCED, [])

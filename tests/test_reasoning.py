@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata.server.reasoning import AnswerDelta, ReasoningDelta, ReasoningSplitter
+from strata.prompt.reasoning import AnswerDelta, ReasoningDelta, ReasoningSplitter
 
 
 def split(

@@ -21,6 +21,7 @@ from strata.server.chat_service import Prompt
 from strata.server.config import ServerConfig
 from strata.server.errors import APIError
 from strata.server.runtime import Runtime
+from strata.server.thinking import ThinkingRequest
 from tests.live_server import SERVED_MODEL, serving
 
 MODEL = SERVED_MODEL
@@ -149,7 +150,7 @@ def test_count_tokens_equals_openai_prompt_tokens(client: anthropic.Anthropic, b
 
 def test_thinking_and_sampling_fields_are_accepted(client: anthropic.Anthropic) -> None:
     # Qwen2.5's template has no thinking switch: thinking is accepted and changes nothing.
-    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    thinking: Any = {"type": "enabled", "budget_tokens": 1}
     base = client.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens
     assert client.messages.count_tokens(model=MODEL, messages=HELLO, thinking=thinking).input_tokens == base
     extra = {"temperature": 0.7, "top_p": 0.9, "top_k": 40}
@@ -219,11 +220,7 @@ def test_client_disconnect_aborts_the_request(base_url: str, runtime: Runtime) -
     "body, match",
     [
         ({"max_tokens": None}, "max_tokens: Field required"),
-        ({"messages": [_user(_IMAGE)]}, "this model has no vision"),
-        (
-            {"messages": [_user({"type": "tool_result", "tool_use_id": "t", "content": [_IMAGE]})]},
-            "no vision",
-        ),
+        ({"thinking": {"type": "enabled", "budget_tokens": 64}, "max_tokens": 64}, "less than max_tokens"),
         ({"tool_choice": {"type": "any"}, "tools": [WEATHER]}, "needs constrained decoding"),
         (
             {"tool_choice": {"type": "tool", "name": "get_weather"}, "tools": [WEATHER]},
@@ -304,7 +301,7 @@ def test_conversion_to_openai_shaped_chat() -> None:
             {"role": "user", "content": "Done?"},
         ],
     )
-    chat = p.to_chat(req, SamplingParams(max_tokens=None), template_thinks=False)
+    chat = p.to_chat(req, SamplingParams(max_tokens=None), p.thinking_request(req))
     calls = [_call("toolu_a", "get_weather", paris), _call("toolu_b", "get_weather", rome)]
     assert chat.messages == [
         {"role": "system", "content": "Be brief.\nUse tools."},
@@ -329,18 +326,29 @@ def test_conversion_to_openai_shaped_chat() -> None:
     assert chat.template_kwargs == {}
     assert p.chat_tools(req.tools, p.ToolChoice(type="none")) is None
     thinking = req.model_copy(update={"thinking": p.Thinking(type="enabled", budget_tokens=2048)})
-    assert p.to_chat(thinking, SamplingParams(), template_thinks=True).template_kwargs == {
-        "enable_thinking": True
-    }
-    assert p.to_chat(req, SamplingParams(), template_thinks=True).template_kwargs == {
-        "enable_thinking": False
-    }
+    assert p.thinking_request(thinking) == ThinkingRequest(enabled=True, budget_tokens=2048)
+    assert p.thinking_request(req) == ThinkingRequest(enabled=False)
 
 
-def test_refusals_name_the_block() -> None:
+def test_images_are_dropped_and_counted_or_refused_naming_the_block() -> None:
     req = _request(messages=[{"role": "user", "content": [_t("x"), _IMAGE]}])
+    assert p.chat_messages(req.system, req.messages, "drop") == ([{"role": "user", "content": "x"}], 1)
     with pytest.raises(APIError, match="message 0, content block 1 is an image"):
-        p.chat_messages(req.system, req.messages)
+        p.chat_messages(req.system, req.messages, "refuse")
+    nested = _request(
+        messages=[_user({"type": "tool_result", "tool_use_id": "t", "content": [_t("r"), _IMAGE]})]
+    )
+    assert p.chat_messages(nested.system, nested.messages, "drop")[1] == 1
+    with pytest.raises(APIError, match=r"\(tool_result\), block 1 is an image"):
+        p.chat_messages(nested.system, nested.messages, "refuse")
+
+
+def test_dropped_images_are_reported_in_the_reply(base_url: str) -> None:
+    body = {"model": MODEL, "max_tokens": 2, "messages": [_user(_t("Describe:"), _IMAGE)], **GREEDY}
+    r = httpx.post(f"{base_url}/v1/messages", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["warnings"] == ["dropped 1 image/file content part: this model reads text only"]
+    assert "dropped 1 image" in r.headers["x-strata-warning"]
 
 
 def _fold(blocks: _Blocks, chunks: list[str]) -> tuple[list[tuple[str, dict]], list[dict]]:

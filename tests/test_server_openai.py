@@ -11,6 +11,8 @@ import pytest
 
 from strata.server.app import create_app
 from strata.server.config import ServerConfig
+from strata.server.errors import APIError
+from strata.server.images import strip_images
 from strata.server.runtime import Runtime
 from tests.live_server import SERVED_MODEL, serving
 
@@ -184,3 +186,30 @@ def test_tool_call_round_trip(client: openai.OpenAI) -> None:
     answer = _chat(client, messages=turns, tools=[WEATHER], max_tokens=32)
     assert answer.choices[0].message.content
     print(f"tool call {call.function.arguments} -> answer {answer.choices[0].message.content!r}")
+
+
+def test_dropped_images_are_reported(client: openai.OpenAI, base_url: str) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    content = [{"type": "text", "text": "Describe this:"}, image]
+    body = {
+        "model": MODEL,
+        "max_tokens": 2,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": content}],
+    }
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["warnings"] == ["dropped 1 image/file content part: this model reads text only"]
+    assert "dropped 1 image" in r.headers["x-strata-warning"]
+    with httpx.stream(
+        "POST", f"{base_url}/v1/chat/completions", json=body | {"stream": True}, timeout=60
+    ) as s:
+        assert "dropped 1 image" in s.headers["x-strata-warning"]
+        assert "[DONE]" in "".join(s.iter_text())
+
+
+def test_images_refused_by_config_name_the_part() -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]
+    assert strip_images(messages, "drop")[0] == [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
+    with pytest.raises(APIError, match="message 0, content part 1 is an image_url part"):
+        strip_images(messages, "refuse")

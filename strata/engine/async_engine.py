@@ -29,6 +29,7 @@ from typing import Literal
 from strata.engine.llm_engine import LLMEngine, TokenEvent
 from strata.engine.request import Request
 from strata.engine.sampler import SamplingParams
+from strata.engine.think_budget import ThinkBudget
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class Submit:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     priority: int = 0
+    think: ThinkBudget | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,7 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str | None = None,
         priority: int = 0,
+        think: ThinkBudget | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Stream one request's events, ending after its finished event.
 
@@ -179,7 +182,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
-            self._inbox.put(Submit(request_id, tuple(prompt_ids), params, priority))
+            self._inbox.put(Submit(request_id, tuple(prompt_ids), params, priority, think))
         try:
             while True:
                 item = await stream.events.get()
@@ -257,7 +260,7 @@ class AsyncEngine:
             return
         try:
             request = self._engine.add_request(
-                list(message.prompt_ids), message.params, message.request_id, message.priority
+                list(message.prompt_ids), message.params, message.request_id, message.priority, message.think
             )
         except Exception as e:  # the caller's problem, not the loop's: hand it back as it was
             self._route([Rejected(message.request_id, e)])

@@ -15,6 +15,7 @@ from strata.engine.sampler import SamplingParams, max_new_tokens, sample_batch
 from strata.engine.scheduler import Scheduler, SchedulerConfig
 from strata.engine.sequence import Sequence
 from strata.engine.stop import StopChecker
+from strata.engine.think_budget import ThinkBudget, ThinkTracker
 from strata.models.base import DecoderModel
 from strata.prompt.tokenizer import Tokenizer
 
@@ -56,6 +57,7 @@ class _Live:
     generator: torch.Generator | None
     stop: StopChecker
     max_tokens: int
+    think: ThinkTracker | None = None
 
 
 class LLMEngine:
@@ -70,9 +72,16 @@ class LLMEngine:
         self._ids = itertools.count()
 
     def add_request(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None, priority: int = 0
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        priority: int = 0,
+        think: ThinkBudget | None = None,
     ) -> Request:
-        """Queue a request; raises EngineBusy when the waiting queue is full, ValueError for bad input."""
+        """Queue a request; raises EngineBusy when the waiting queue is full, ValueError for bad input.
+
+        `think` caps the turn's reasoning (see `strata.engine.think_budget`)."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -90,7 +99,9 @@ class LLMEngine:
         seq = Sequence(request)
         self.scheduler.add(seq)
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        self._live[request_id] = _Live(seq, generator, StopChecker.for_params(self.tokenizer, params), limit)
+        stop = StopChecker.for_params(self.tokenizer, params)
+        tracker = ThinkTracker(think) if think is not None else None
+        self._live[request_id] = _Live(seq, generator, stop, limit, tracker)
         return request
 
     def abort(self, request_id: str) -> None:
@@ -132,25 +143,45 @@ class LLMEngine:
             [seq.token_ids for seq in out.seqs],
             [seq.num_prompt_tokens for seq in out.seqs],
         )
-        events = []
+        events: list[TokenEvent] = []
         for row, (seq, state) in enumerate(zip(out.seqs, live, strict=True)):
-            request, token = seq.request, sampled.token_ids[row]
-            seq.append_token(token)
-            request.output_ids.append(token)
-            result = state.stop.push(token)
-            reason: FinishReason | None = "stop" if result.finished else None
-            if reason is None and len(request.output_ids) >= state.max_tokens:
-                reason = "length"
-            text = result.text + (state.stop.flush() if reason == "length" else "")
             logprob = sampled.logprobs[row] if sampled.logprobs else None
             top = sampled.top_logprobs[row] if sampled.top_logprobs else None
-            cached = request.cached_tokens if reason is not None else None
-            done = reason is not None
-            event = TokenEvent(request.request_id, token, text, done, reason, logprob, top, cached)
-            events.append(event)
-            if reason is not None:
-                self._finish(request.request_id, reason)
+            done = self._emit(seq, state, sampled.token_ids[row], events, logprob, top)
+            if not done and state.think is not None and state.think.due():
+                state.think.wrapped = True
+                for token in state.think.budget.wrap_up_ids:  # the budget is spent: end the think block
+                    if self._emit(seq, state, token, events):
+                        break
         return events
+
+    def _emit(
+        self,
+        seq: Sequence,
+        state: _Live,
+        token: int,
+        events: list[TokenEvent],
+        logprob: float | None = None,
+        top: list[tuple[int, float]] | None = None,
+    ) -> bool:
+        """Append one token to the sequence and its event to `events`; True when that ends the request."""
+        request = seq.request
+        seq.append_token(token)
+        request.output_ids.append(token)
+        result = state.stop.push(token)
+        reason: FinishReason | None = "stop" if result.finished else None
+        if reason is None and len(request.output_ids) >= state.max_tokens:
+            reason = "length"
+        text = result.text + (state.stop.flush() if reason == "length" else "")
+        if state.think is not None:
+            state.think.push(text)
+        cached = request.cached_tokens if reason is not None else None
+        events.append(
+            TokenEvent(request.request_id, token, text, reason is not None, reason, logprob, top, cached)
+        )
+        if reason is not None:
+            self._finish(request.request_id, reason)
+        return reason is not None
 
     def _finish(self, request_id: str, reason: FinishReason, error: str | None = None) -> TokenEvent:
         state = self._live.pop(request_id)

@@ -5,6 +5,10 @@ them: the schemas as JSON lines inside <tools></tools> in the system turn, calls
 `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (string arguments copied as they are, objects as
 JSON), results inside <tool_response></tool_response> in a user turn. Unlike Qwen's, it adds no default
 system prompt.
+
+"chatml-think": the same with a Qwen3-style think block: the generation prompt opens `<think>` (or,
+with `enable_thinking=false`, writes an empty block so the model answers at once). For models that
+reason but whose file has no template, and for testing reasoning with any ChatML model.
 """
 
 from __future__ import annotations
@@ -68,4 +72,16 @@ CHATML = r"""{%- set system = messages[0].content if messages and messages[0].ro
 {%- endif %}
 """
 
-BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML}
+_THINK_PROMPT = r"""{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and not enable_thinking %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- else %}
+        {{- '<think>\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+_PLAIN_PROMPT = CHATML[CHATML.rindex("{%- if add_generation_prompt %}") :]
+CHATML_THINK = CHATML.replace(_PLAIN_PROMPT, _THINK_PROMPT)
+
+BUILTIN_TEMPLATES: dict[str, str] = {"chatml": CHATML, "chatml-think": CHATML_THINK}

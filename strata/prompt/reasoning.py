@@ -38,7 +38,7 @@ class AnswerDelta:
     text: str
 
 
-def _tag_prefix_len(text: str, tag: str) -> int:
+def tag_prefix_len(text: str, tag: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-n:]):
@@ -70,6 +70,16 @@ class ReasoningSplitter:
     def in_reasoning(self) -> bool:
         """Whether text fed now would be reasoning."""
         return self._state == "reasoning" or (self._state == "start" and self.starts_in_reasoning)
+
+    @property
+    def answering(self) -> bool:
+        """Whether the think block is over (or was never opened): everything from here is answer."""
+        return self._state == "answer"
+
+    @property
+    def holding(self) -> bool:
+        """Whether text is held back (it may be the start of a tag)."""
+        return bool(self._buf)
 
     def feed(self, text: str) -> list[ReasoningDelta | AnswerDelta]:
         """Add the next piece of model output; return what can be emitted now."""
@@ -108,7 +118,7 @@ class ReasoningSplitter:
                 self._emit_reasoning(out, self._buf[:end])
                 self._buf, self._state, self._strip = self._buf[end + len(self.end_tag) :], "answer", True
                 continue
-            keep = 0 if final else _tag_prefix_len(self._buf, self.end_tag)
+            keep = 0 if final else tag_prefix_len(self._buf, self.end_tag)
             self._emit_reasoning(out, self._buf[: len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep :]
             break

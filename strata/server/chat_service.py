@@ -8,19 +8,23 @@ conversation every turn), checks the context limit, and streams the engine's tok
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from strata.engine.async_engine import AsyncEngine
 from strata.engine.llm_engine import TokenEvent
 from strata.engine.sampler import SamplingParams, max_new_tokens
 from strata.engine.scheduler import EngineBusy
+from strata.engine.think_budget import ThinkBudget
 from strata.prompt.chat_template import ChatTemplate, TemplateError
 from strata.prompt.encoder import PromptEncoder
 from strata.prompt.rendered import RenderedPrompt
 from strata.prompt.tokenizer import Tokenizer
 from strata.server.config import ServerConfig
 from strata.server.errors import APIError, bad_request, busy
+from strata.server.images import strip_images
+from strata.server.model_config import ModelServingConfig, SamplingDefaults
+from strata.server.thinking import ThinkingPolicy, ThinkingRequest
 
 
 @dataclass(frozen=True)
@@ -31,12 +35,18 @@ class ChatRequest:
     sampling: SamplingParams
     tools: list[dict[str, Any]] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    thinking: ThinkingRequest = field(default_factory=ThinkingRequest)
+    warnings: tuple[str, ...] = ()  # what the adapter dropped (images), for the response
 
 
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
     max_tokens: int  # the completion limit after fitting into the context
+    think: ThinkBudget | None = None  # the reasoning budget the engine enforces
+    reasoning: bool = False  # the reply may open a think block: split it off as reasoning
+    opened: bool = False  # the prompt itself opened the think block
+    warnings: tuple[str, ...] = ()
 
 
 class ChatService:
@@ -47,24 +57,44 @@ class ChatService:
         template: ChatTemplate | None,
         context_length: int,
         config: ServerConfig,
+        model_config: ModelServingConfig | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.template = engine, tokenizer, template
-        self.context_length, self.config = context_length, config
+        self.model_config = model_config or ModelServingConfig()
+        self.context_length = min(context_length, self.model_config.context_size or context_length)
+        self.config = config
         self.encoder = PromptEncoder(tokenizer, keep=min(config.conversation_slots, 16))
+        self.thinking = ThinkingPolicy(template, tokenizer, self.model_config)
 
-    def chat_prompt(self, chat: ChatRequest) -> Prompt:
+    def sampling_defaults(self, thinking: ThinkingRequest) -> SamplingDefaults:
+        """The per-model sampling defaults for a request (the thinking set when it thinks)."""
+        return self.model_config.sampling_for(self.thinking.thinks(thinking))
+
+    def chat_prompt(self, chat: ChatRequest, clamp: bool = False) -> Prompt:
+        """The request's prompt ids and completion limit; `clamp`: a max_tokens past the room left in
+        the context is cut to it (Anthropic's rule) instead of refused (OpenAI's)."""
         if self.template is None:
             raise bad_request(
                 "the model has no chat template; start the server with --chat-template chatml, "
                 "or use /v1/completions with raw text"
             )
+        messages, dropped = strip_images(chat.messages, self.model_config.images)
+        kwargs = self.thinking.template_kwargs(chat.thinking) | chat.template_kwargs  # the client's last
         try:
             rendered = self.template.render_prompt(
-                chat.messages, tools=chat.tools, protect=not self.config.trust_prompts, **chat.template_kwargs
+                messages, tools=chat.tools, protect=not self.config.trust_prompts, **kwargs
             )
         except TemplateError as e:
             raise bad_request(str(e), "messages") from None
-        return self._fit(list(self.encoder.encode(rendered).ids), chat.sampling)
+        fitted = self._fit(list(self.encoder.encode(rendered).ids), chat.sampling, clamp)
+        thinks = self.thinking.thinks(chat.thinking) and kwargs.get("enable_thinking") is not False
+        return replace(
+            fitted,
+            think=self.thinking.budget(chat.thinking, fitted.ids, fitted.max_tokens) if thinks else None,
+            reasoning=self.thinking.template_thinks,
+            opened=self.thinking.opened(fitted.ids),
+            warnings=chat.warnings + tuple(dropped),
+        )
 
     def text_prompt(self, text: str, sampling: SamplingParams) -> Prompt:
         """Raw completion text: plain like any client text, unless the operator trusts prompts."""
@@ -74,18 +104,27 @@ class ChatService:
             ids.insert(0, self.tokenizer.bos_id)
         return self._fit(ids, sampling)
 
-    def _fit(self, ids: list[int], sampling: SamplingParams) -> Prompt:
+    def _fit(self, ids: list[int], sampling: SamplingParams, clamp: bool = False) -> Prompt:
         if not ids:
             raise bad_request("the prompt is empty; send at least one token of text")
+        requested = sampling.max_tokens
         try:
-            limit = max_new_tokens(sampling, len(ids), self.context_length)
+            limit = max_new_tokens(
+                replace(sampling, max_tokens=None) if clamp else sampling, len(ids), self.context_length
+            )
         except ValueError as e:
             raise bad_request(str(e), "max_tokens") from None
+        if clamp and requested is not None:
+            limit = min(limit, requested)
+        if sampling.max_tokens is None and not self.model_config.fit_max_tokens:
+            limit = min(limit, self.model_config.default_max_tokens)
         return Prompt(ids, limit)
 
     async def events(self, prompt: Prompt, sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
         """The engine's events for one prompt; closing the iterator early aborts the request."""
-        stream = cast(AsyncGenerator[TokenEvent, None], self.engine.generate(prompt.ids, sampling))
+        sampling = replace(sampling, max_tokens=prompt.max_tokens)  # the fitted limit, config applied
+        generate = self.engine.generate(prompt.ids, sampling, think=prompt.think)
+        stream = cast(AsyncGenerator[TokenEvent, None], generate)
         try:
             first = await anext(stream)
         except EngineBusy as e:

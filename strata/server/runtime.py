@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI
 
 from strata.engine.async_engine import AsyncEngine
 from strata.engine.llm import LLM, ModelConfig
 from strata.engine.llm_engine import EngineConfig, LLMEngine
+from strata.prompt.builtin_templates import BUILTIN_TEMPLATES
+from strata.prompt.chat_template import ChatTemplate
 from strata.server.app import create_app
 from strata.server.chat_service import ChatService
 from strata.server.config import ServerConfig
+from strata.server.model_config import ModelServingConfig
 
 
 @dataclass
@@ -26,9 +29,27 @@ class Runtime:
 
 
 def build_runtime(
-    model: ModelConfig, engine: EngineConfig, server: ServerConfig, progress: bool = False
+    model: ModelConfig,
+    engine: EngineConfig,
+    server: ServerConfig,
+    model_config: ModelServingConfig | None = None,
+    progress: bool = False,
 ) -> Runtime:
+    """Everything `strata serve` runs. A chat template named on the command line (`model.chat_template`)
+    wins over the model config's, which wins over the file's own."""
+    model_config = model_config or ModelServingConfig()
+    template = model_config.chat_template
+    if model.chat_template is None and template in BUILTIN_TEMPLATES:
+        model = replace(model, chat_template=template)
     llm = LLM(model, progress=progress)
+    if model.chat_template is None and template is not None:  # Jinja source in the config
+        tok = llm.tokenizer
+        piece = tok.id_to_piece
+        bos = piece(tok.bos_id) if tok.bos_id is not None else ""
+        eos = piece(tok.eos_id) if tok.eos_id is not None else ""
+        llm.chat_template = ChatTemplate(template, bos_token=bos, eos_token=eos)
     async_engine = AsyncEngine(LLMEngine(llm.model, llm.tokenizer, engine)).start()
-    service = ChatService(async_engine, llm.tokenizer, llm.chat_template, llm.spec.context_length, server)
+    service = ChatService(
+        async_engine, llm.tokenizer, llm.chat_template, llm.spec.context_length, server, model_config
+    )
     return Runtime(llm, async_engine, service, create_app(service, server))

@@ -10,7 +10,8 @@ The conversion (`chat_messages`, `chat_tools`, `to_chat`) is pure, so it is test
 * An assistant turn's text becomes its content, `tool_use` blocks its `tool_calls`, `thinking` blocks its
   `reasoning_content`. Arguments stay a JSON *object*, not OpenAI's JSON string: chat templates
   (Qwen2.5's among them) `tojson` the arguments, which would render a string double-encoded.
-* Images and documents are refused: the models strata serves have no vision.
+* Images and documents: the models strata serves have no vision, so, as the per-model config says
+  (`images`), they are dropped and the reply says so (the default), or refused with a 400.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from strata.engine.sampler import SamplingParams
 from strata.server.chat_service import ChatRequest
 from strata.server.errors import bad_request
+from strata.server.images import note_dropped, refused
+from strata.server.model_config import SamplingDefaults
+from strata.server.thinking import ThinkingRequest
 
 
 class _Wire(BaseModel):
@@ -124,20 +128,24 @@ class MessagesRequest(CountTokensRequest):
     output_config: dict[str, Any] | None = None  # "effort" is ignored; "format" is refused
 
 
-def _no_vision(where: str, block: BaseModel) -> Exception:
-    kind = "an image" if isinstance(block, ImageBlock) else "a document"
-    return bad_request(
-        f"{where} is {kind}, but this model has no vision: strata serves text-only models for now; "
-        "send the content as text",
-        "messages",
-    )
+class _Images:
+    """What to do with image and document blocks: drop them (counted) or refuse the request."""
+
+    def __init__(self, policy: Literal["drop", "refuse"]) -> None:
+        self.policy, self.dropped = policy, 0
+
+    def skip(self, where: str, block: BaseModel) -> None:
+        if self.policy == "refuse":
+            raise refused(where, "an image" if isinstance(block, ImageBlock) else "a document")
+        self.dropped += 1
 
 
-def _joined_text(blocks: list[Any], where: str) -> str:
+def _joined_text(blocks: list[Any], where: str, images: _Images) -> str:
     texts = []
     for j, block in enumerate(blocks):
         if isinstance(block, ImageBlock | DocumentBlock):
-            raise _no_vision(f"{where}, block {j}", block)
+            images.skip(f"{where}, block {j}", block)
+            continue
         if not isinstance(block, TextBlock):
             raise bad_request(
                 f"{where}, block {j}: only text blocks can go here, not {block.type}", "messages"
@@ -146,7 +154,7 @@ def _joined_text(blocks: list[Any], where: str) -> str:
     return "\n".join(texts)
 
 
-def _user(i: int, blocks: list[ContentBlock]) -> list[dict[str, Any]]:
+def _user(i: int, blocks: list[ContentBlock], images: _Images) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
 
@@ -162,10 +170,13 @@ def _user(i: int, blocks: list[ContentBlock]) -> list[dict[str, Any]]:
         elif isinstance(block, ToolResultBlock):
             flush()
             content = block.content
-            text = content if isinstance(content, str) else _joined_text(content, f"{where} (tool_result)")
+            if isinstance(content, str):
+                text = content
+            else:
+                text = _joined_text(content, f"{where} (tool_result)", images)
             out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
         elif isinstance(block, ImageBlock | DocumentBlock):
-            raise _no_vision(where, block)
+            images.skip(where, block)
         else:
             raise bad_request(f"{where}: a user message cannot hold a {block.type} block", "messages")
     flush()
@@ -200,8 +211,14 @@ def _assistant(i: int, blocks: list[ContentBlock]) -> dict[str, Any]:
     return message
 
 
-def chat_messages(system: str | list[TextBlock] | None, messages: list[Message]) -> list[dict[str, Any]]:
-    """Anthropic `system` + `messages` as OpenAI-shaped chat messages (module docstring for the rules)."""
+def chat_messages(
+    system: str | list[TextBlock] | None,
+    messages: list[Message],
+    images: Literal["drop", "refuse"] = "refuse",
+) -> tuple[list[dict[str, Any]], int]:
+    """Anthropic `system` + `messages` as OpenAI-shaped chat messages (module docstring for the rules),
+    and how many image or document blocks were dropped."""
+    policy = _Images(images)
     if not messages:
         raise bad_request("messages is empty; send at least one user message", "messages")
     if messages[-1].role == "assistant":
@@ -213,19 +230,19 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Message])
             "messages",
         )
     out: list[dict[str, Any]] = []
-    sys_text = system if isinstance(system, str | None) else _joined_text(system, "system")
+    sys_text = system if isinstance(system, str | None) else _joined_text(system, "system", policy)
     if sys_text:
         out.append({"role": "system", "content": sys_text})
     for i, m in enumerate(messages):
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
         elif m.role == "system":
-            out.append({"role": "system", "content": _joined_text(m.content, f"message {i}")})
+            out.append({"role": "system", "content": _joined_text(m.content, f"message {i}", policy)})
         elif m.role == "user":
-            out += _user(i, m.content)
+            out += _user(i, m.content, policy)
         else:
             out.append(_assistant(i, m.content))
-    return out
+    return out, policy.dropped
 
 
 def chat_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> list[dict[str, Any]] | None:
@@ -255,8 +272,11 @@ def chat_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> list[dict
     return out
 
 
-def sampling_params(req: MessagesRequest, max_tokens: int | None) -> SamplingParams:
-    """The request's sampling; `max_tokens` is passed in as the server clamps it to the context."""
+def sampling_params(
+    req: MessagesRequest, max_tokens: int | None, defaults: SamplingDefaults
+) -> SamplingParams:
+    """The request's sampling; `max_tokens` is passed in as the server clamps it to the context.
+    Fields the request leaves out take the per-model `defaults`, then Anthropic's."""
     if (req.output_config or {}).get("format") is not None:
         raise bad_request(
             "output_config.format (structured outputs) needs constrained decoding, which strata does not "
@@ -266,23 +286,32 @@ def sampling_params(req: MessagesRequest, max_tokens: int | None) -> SamplingPar
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,  # Anthropic's default
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0,
+            temperature=defaults.pick("temperature", req.temperature, 1.0),  # Anthropic's default: 1
+            top_p=defaults.pick("top_p", req.top_p, 1.0),
+            top_k=defaults.pick("top_k", req.top_k, 0),
+            min_p=defaults.pick("min_p", None, 0.0),
+            repetition_penalty=defaults.pick("repetition_penalty", None, 1.0),
             stop=tuple(req.stop_sequences or ()),
         )
     except ValueError as e:
         raise bad_request(str(e)) from None
 
 
-def to_chat(req: CountTokensRequest, sampling: SamplingParams, template_thinks: bool) -> ChatRequest:
-    """The internal chat for a request. `template_thinks`: the chat template takes `enable_thinking`.
+def thinking_request(req: CountTokensRequest) -> ThinkingRequest:
+    """Anthropic's `thinking`: off unless enabled (or adaptive); its budget when it gives one."""
+    on = req.thinking is not None and req.thinking.type != "disabled"
+    return ThinkingRequest(
+        enabled=on, budget_tokens=req.thinking.budget_tokens if on and req.thinking else None
+    )
 
-    Thinking budgets are not enforced (strata cannot cap reasoning separately yet): thinking only
-    switches a thinking template on, and the whole reply, reasoning included, counts to max_tokens.
-    """
-    kwargs: dict[str, Any] = {}
-    if template_thinks:
-        kwargs["enable_thinking"] = req.thinking is not None and req.thinking.type != "disabled"
+
+def to_chat(
+    req: CountTokensRequest,
+    sampling: SamplingParams,
+    thinking: ThinkingRequest,
+    images: Literal["drop", "refuse"] = "refuse",
+) -> ChatRequest:
+    """The internal chat for a request; `images` says what to do with image and document blocks."""
     tools = chat_tools(req.tools, req.tool_choice)
-    return ChatRequest(chat_messages(req.system, req.messages), sampling, tools, kwargs)
+    messages, dropped = chat_messages(req.system, req.messages, images)
+    return ChatRequest(messages, sampling, tools, {}, thinking, tuple(note_dropped(dropped)))

@@ -29,11 +29,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from strata.engine.llm_engine import TokenEvent
 from strata.engine.sampler import SamplingParams
+from strata.prompt.reasoning import ReasoningDelta, ReasoningSplitter
 from strata.server import tool_parser as tp
 from strata.server.anthropic import protocol as p
 from strata.server.chat_service import ChatService, Prompt, check_finished
+from strata.server.errors import bad_request
+from strata.server.images import warning_headers
 from strata.server.lenient_tools import LenientToolCallParser
-from strata.server.reasoning import ReasoningDelta, ReasoningSplitter
 
 Event = tuple[str, dict[str, Any]]  # an SSE event: its name and its data
 
@@ -170,10 +172,7 @@ class _Reply:
         self, service: ChatService, prompt: Prompt, sampling: SamplingParams, tools: bool, clamped: bool
     ) -> None:
         self.service, self.prompt, self.stops, self.clamped = service, prompt, sampling.stop, clamped
-        tokenizer = service.tokenizer
-        # A template that opens the think block in the prompt (thinking on) leaves "<think>" at its end.
-        opened = tokenizer.decode(prompt.ids[-4:]).rstrip().endswith("<think>")
-        self.blocks = _Blocks(tools, starts_in_reasoning=opened)
+        self.blocks = _Blocks(tools, starts_in_reasoning=prompt.opened)
         self.ids: list[int] = []
         self.text: list[str] = []
         self.last: TokenEvent | None = None
@@ -229,33 +228,37 @@ class AnthropicServing:
         router.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
         return router
 
-    @property
-    def _template_thinks(self) -> bool:
-        template = self.service.template
-        return template is not None and "enable_thinking" in template.source
-
     async def count_tokens(self, req: p.CountTokensRequest) -> dict[str, int]:
         if req.tool_choice is not None and req.tool_choice.type in ("any", "tool"):
             # Only generating with a forced call needs constrained decoding; counting renders it as auto.
             req = req.model_copy(update={"tool_choice": None})
-        chat = p.to_chat(req, SamplingParams(max_tokens=None), self._template_thinks)
+        chat = p.to_chat(req, SamplingParams(max_tokens=None), p.thinking_request(req), "drop")
         return {"input_tokens": len(self.service.chat_prompt(chat).ids)}
 
     async def messages(self, req: p.MessagesRequest) -> JSONResponse | StreamingResponse:
-        chat = p.to_chat(req, p.sampling_params(req, None), self._template_thinks)
-        fitted = self.service.chat_prompt(chat)  # max_tokens None: fitted.max_tokens is the room left
-        limit = min(req.max_tokens, fitted.max_tokens)
-        prompt, sampling = Prompt(fitted.ids, limit), replace(chat.sampling, max_tokens=limit)
+        thinking = p.thinking_request(req)
+        if thinking.budget_tokens is not None and thinking.budget_tokens >= req.max_tokens:
+            raise bad_request(
+                f"thinking.budget_tokens ({thinking.budget_tokens}) must be less than max_tokens "
+                f"({req.max_tokens}); lower the budget or raise max_tokens",
+                "thinking.budget_tokens",
+            )
+        sampling = p.sampling_params(req, req.max_tokens, self.service.sampling_defaults(thinking))
+        chat = p.to_chat(req, sampling, thinking, self.service.model_config.images)
+        # Anthropic lets max_tokens exceed the room left in the context: clamp it rather than refuse.
+        prompt = self.service.chat_prompt(chat, clamp=True)
+        limit = prompt.max_tokens
+        sampling = replace(sampling, max_tokens=limit)
         reply = _Reply(self.service, prompt, sampling, chat.tools is not None, clamped=limit < req.max_tokens)
         events = cast(AsyncGenerator[TokenEvent, None], self.service.events(prompt, sampling))
         first = await anext(events)  # errors before the first token become HTTP errors, not broken streams
         head: dict[str, Any] = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant"}
         head |= {"model": self.model_name, "content": [], "stop_reason": None, "stop_sequence": None}
+        headers = warning_headers(list(prompt.warnings))
         if req.stream:
             stream = self._stream(head, reply, first, events)
-            return StreamingResponse(
-                stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-            )
+            headers |= {"Cache-Control": "no-cache"}
+            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
         collected: list[Event] = []
         try:
             event: TokenEvent | None = first
@@ -267,7 +270,8 @@ class AnthropicServing:
         assert reply.last is not None
         check_finished(reply.last)
         body = head | {"content": _content(collected, reply.blocks.abandoned)} | reply.stop()
-        return JSONResponse(body | {"usage": reply.usage()})
+        body |= {"usage": reply.usage()} | ({"warnings": list(prompt.warnings)} if prompt.warnings else {})
+        return JSONResponse(body, headers=headers)
 
     async def _stream(
         self, head: dict[str, Any], reply: _Reply, first: TokenEvent, events: AsyncGenerator[TokenEvent, None]

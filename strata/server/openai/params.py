@@ -9,6 +9,7 @@ from typing import Any
 
 from strata.engine.sampler import SamplingParams
 from strata.server.errors import bad_request
+from strata.server.model_config import SamplingDefaults
 from strata.server.openai.protocol import ChatCompletionRequest, SamplingFields
 
 _MAX_BIAS = 100.0
@@ -44,20 +45,25 @@ def _normalized_bias(items: tuple[tuple[str, Any], ...], vocab_size: int) -> Map
 
 
 def sampling_params(
-    req: SamplingFields, vocab_size: int, max_tokens: int | None, top_logprobs: int = 0
+    req: SamplingFields,
+    vocab_size: int,
+    max_tokens: int | None,
+    defaults: SamplingDefaults,
+    top_logprobs: int = 0,
 ) -> SamplingParams:
+    """The request's sampling; fields it leaves out take the per-model `defaults`, then OpenAI's."""
     if req.n not in (None, 1):
         raise bad_request(f"n = {req.n} is not supported; strata returns one choice per request (n = 1)", "n")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     fields: dict[str, Any] = {
         "max_tokens": max_tokens,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "top_k": req.top_k or 0,
-        "min_p": req.min_p or 0.0,
-        "presence_penalty": req.presence_penalty or 0.0,
-        "frequency_penalty": req.frequency_penalty or 0.0,
-        "repetition_penalty": 1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        "temperature": defaults.pick("temperature", req.temperature, 1.0),
+        "top_p": defaults.pick("top_p", req.top_p, 1.0),
+        "top_k": defaults.pick("top_k", req.top_k, 0),
+        "min_p": defaults.pick("min_p", req.min_p, 0.0),
+        "presence_penalty": defaults.pick("presence_penalty", req.presence_penalty, 0.0),
+        "frequency_penalty": defaults.pick("frequency_penalty", req.frequency_penalty, 0.0),
+        "repetition_penalty": defaults.pick("repetition_penalty", req.repetition_penalty, 1.0),
         "seed": req.seed,
         "stop": stop,
         "logit_bias": logit_bias(req.logit_bias, vocab_size),
@@ -70,7 +76,9 @@ def sampling_params(
         raise bad_request(str(e)) from None
 
 
-def chat_sampling_params(req: ChatCompletionRequest, vocab_size: int) -> SamplingParams:
+def chat_sampling_params(
+    req: ChatCompletionRequest, vocab_size: int, defaults: SamplingDefaults
+) -> SamplingParams:
     if req.response_format and req.response_format.get("type") not in (None, "text"):
         raise bad_request(
             f"response_format {req.response_format.get('type')!r} needs constrained decoding, which strata "
@@ -89,4 +97,4 @@ def chat_sampling_params(req: ChatCompletionRequest, vocab_size: int) -> Samplin
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-    return sampling_params(req, vocab_size, max_tokens, req.top_logprobs or 0)
+    return sampling_params(req, vocab_size, max_tokens, defaults, req.top_logprobs or 0)

@@ -45,6 +45,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
+    reasoning_budget_tokens: int | None = None  # strata's extension: cap on reasoning tokens
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -112,6 +113,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    warnings: list[str] | None = None  # strata: what was dropped from the request (images)
 
 
 class ChatDelta(BaseModel):

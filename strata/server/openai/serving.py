@@ -9,16 +9,18 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from strata.engine.llm_engine import TokenEvent
 from strata.engine.sampler import SamplingParams
 from strata.server.chat_service import ChatRequest, ChatService, Prompt, check_finished
 from strata.server.errors import bad_request
+from strata.server.images import warning_headers
 from strata.server.openai import protocol as p
 from strata.server.openai.params import chat_sampling_params, sampling_params
 from strata.server.openai.tool_calls import ChatOutput, template_messages
+from strata.server.thinking import ThinkingRequest
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "stop", "error": "stop"}
 
@@ -45,21 +47,28 @@ class OpenAIServing:
     async def models(self) -> p.ModelList:
         return p.ModelList(data=[p.ModelCard(id=self.model_name, created=self.created)])
 
-    async def chat(self, req: p.ChatCompletionRequest) -> p.ChatCompletion | StreamingResponse:
-        sampling = chat_sampling_params(req, self.service.tokenizer.vocab_size)
+    async def chat(self, req: p.ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+        kwargs = dict(req.chat_template_kwargs or {})
+        switch = kwargs.get("enable_thinking")
+        thinking = ThinkingRequest(
+            enabled=switch if isinstance(switch, bool) else None,
+            budget_tokens=req.reasoning_budget_tokens,
+            effort=req.reasoning_effort,
+        )
+        defaults = self.service.sampling_defaults(thinking)
+        sampling = chat_sampling_params(req, self.service.tokenizer.vocab_size, defaults)
         tools = req.tools if req.tool_choice != "none" else None
         messages = template_messages(req.messages)
-        chat = ChatRequest(messages, sampling, tools, dict(req.chat_template_kwargs or {}))
+        chat = ChatRequest(messages, sampling, tools, kwargs, thinking)
         prompt = self.service.chat_prompt(chat)
         events = self.service.events(prompt, sampling)
         first = await anext(events)  # errors before the first token become HTTP errors, not broken streams
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        output = ChatOutput(tools_enabled=bool(tools), reasoning=prompt.reasoning, opened=prompt.opened)
         if req.stream:
-            output = ChatOutput(tools_enabled=bool(tools))
             chunks = self._chat_chunks(first, events, output, prompt, rid, created, include_usage)
-            return self._stream(chunks)
-        output = ChatOutput(tools_enabled=bool(tools))
+            return self._stream(chunks, list(prompt.warnings))
         logprobs, last, num_tokens = [], first, 0
         async for event in _chain(first, events):
             output.feed(event.text)
@@ -74,7 +83,13 @@ class OpenAIServing:
             logprobs=p.ChoiceLogprobs(content=logprobs) if sampling.logprobs else None,
         )
         usage = _usage(prompt, num_tokens, last)
-        return p.ChatCompletion(id=rid, created=created, model=self.model_name, choices=[choice], usage=usage)
+        warnings = list(prompt.warnings) or None
+        body = p.ChatCompletion(
+            id=rid, created=created, model=self.model_name, choices=[choice], usage=usage, warnings=warnings
+        )
+        headers = warning_headers(list(prompt.warnings))
+        exclude = None if warnings else {"warnings"}
+        return JSONResponse(body.model_dump(mode="json", exclude=exclude), headers=headers)
 
     async def _chat_chunks(
         self,
@@ -120,7 +135,8 @@ class OpenAIServing:
                 raise bad_request("prompt must be one string; batches of prompts are not supported", "prompt")
             req.prompt = req.prompt[0]
         max_tokens = req.max_tokens if "max_tokens" in req.model_fields_set else 16  # OpenAI's default
-        sampling = sampling_params(req, self.service.tokenizer.vocab_size, max_tokens)
+        defaults = self.service.model_config.sampling
+        sampling = sampling_params(req, self.service.tokenizer.vocab_size, max_tokens, defaults)
         prompt = self.service.text_prompt(req.prompt, sampling)
         events = self.service.events(prompt, sampling)
         first = await anext(events)
@@ -154,10 +170,9 @@ class OpenAIServing:
                 yield chunk("", _FINISH[event.finish_reason or "stop"])
         yield _sse("[DONE]")
 
-    def _stream(self, chunks: AsyncIterator[str]) -> StreamingResponse:
-        return StreamingResponse(
-            chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+    def _stream(self, chunks: AsyncIterator[str], warnings: list[str] | None = None) -> StreamingResponse:
+        headers = {"Cache-Control": "no-cache"} | warning_headers(warnings or [])
+        return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
 
     def _logprobs(self, event: TokenEvent, sampling: SamplingParams) -> list[p.TokenLogprob]:
         if not sampling.logprobs or event.token_id is None or event.logprob is None:

@@ -1,28 +1,47 @@
-"""Parsed model output (text and Hermes tool calls) as OpenAI message deltas, streamed or whole."""
+"""Parsed model output (reasoning, text, Hermes tool calls) as OpenAI message deltas, streamed or whole."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from strata.prompt.reasoning import ReasoningDelta, ReasoningSplitter
 from strata.server.lenient_tools import LenientToolCallParser
 from strata.server.openai import protocol as p
 from strata.server.tool_parser import TextDelta, ToolArgumentsDelta, ToolCallParseError, ToolCallStart
 
 
 class ChatOutput:
-    """Feeds generated text through the tool-call parser; yields OpenAI deltas and keeps the totals."""
+    """Feeds generated text through the reasoning splitter (for templates with a think block) and the
+    tool-call parser; yields OpenAI deltas and keeps the totals."""
 
-    def __init__(self, tools_enabled: bool) -> None:
+    def __init__(self, tools_enabled: bool, reasoning: bool = False, opened: bool = False) -> None:
         self.parser = LenientToolCallParser(tools_enabled=tools_enabled)
+        self.splitter = ReasoningSplitter(starts_in_reasoning=opened) if reasoning else None
         self.content: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: dict[int, p.ToolCall] = {}
 
     def feed(self, text: str) -> list[p.ChatDelta]:
-        return self._deltas(self.parser.feed(text)) if text else []
+        if not text:
+            return []
+        if self.splitter is None:
+            return self._deltas(self.parser.feed(text))
+        return self._split(self.splitter.feed(text))
 
     def finish(self) -> list[p.ChatDelta]:
-        return self._deltas(self.parser.finish())
+        out = self._split(self.splitter.finish()) if self.splitter is not None else []
+        return out + self._deltas(self.parser.finish())
+
+    def _split(self, pieces: list[Any]) -> list[p.ChatDelta]:
+        out: list[p.ChatDelta] = []
+        for piece in pieces:
+            if isinstance(piece, ReasoningDelta):
+                self.reasoning.append(piece.text)
+                out.append(p.ChatDelta(reasoning_content=piece.text))
+            else:
+                out += self._deltas(self.parser.feed(piece.text))
+        return out
 
     def _deltas(self, parsed: list[Any]) -> list[p.ChatDelta]:
         out: list[p.ChatDelta] = []
@@ -48,7 +67,11 @@ class ChatOutput:
 
     def message(self) -> p.ChatMessage:
         calls = [c.model_copy(update={"index": None}) for _, c in sorted(self.calls.items())]
-        return p.ChatMessage(content="".join(self.content) or None, tool_calls=calls or None)
+        return p.ChatMessage(
+            content="".join(self.content) or None,
+            reasoning_content="".join(self.reasoning) or None,
+            tool_calls=calls or None,
+        )
 
     def finish_reason(self, engine_reason: str | None) -> str:
         if self.calls and engine_reason == "stop":
