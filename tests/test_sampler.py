@@ -225,7 +225,7 @@ def test_params_are_frozen_and_hashable() -> None:
         ({"min_p": 1.5}, r"min_p is 1.5; it must be in \[0, 1\]"),
         ({"presence_penalty": 3}, r"presence_penalty is 3; it must be in \[-2, 2\]"),
         ({"frequency_penalty": -2.5}, "frequency_penalty is -2.5"),
-        ({"repetition_penalty": 0}, "repetition_penalty is 0; it must be positive, and 1 disables"),
+        ({"repetition_penalty": 0}, "repetition_penalty is 0; it must be in \\[0.01, 100\\]"),
         ({"logit_bias": {-1: 1.0}}, "logit_bias"),
         ({"logit_bias": {4: float("nan")}}, "logit_bias"),
         ({"logprobs": True, "top_logprobs": 21}, r"top_logprobs is 21; it must be in \[0, 20\]"),

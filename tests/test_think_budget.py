@@ -104,3 +104,23 @@ def test_budget_waits_while_a_tag_may_be_starting() -> None:
     assert not tracker.due()
     tracker.push("ng")  # not the end tag after all
     assert tracker.due()
+
+
+def test_a_sampling_failure_fails_the_request_and_the_engine_goes_on(engine_parts, monkeypatch) -> None:
+    # (Here for the tiny-model fixture.) A raise in sampling once escaped step() and killed the loop.
+    import strata.engine.llm_engine as engine_module
+
+    engine = _engine(engine_parts)
+    request = engine.add_request([1, 2, 3], SamplingParams(max_tokens=4))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise IndexError("index -1 is out of bounds")
+
+    with monkeypatch.context() as m:
+        m.setattr(engine_module, "sample_batch", broken)
+        events = engine.step()
+    assert request.finish_reason == "error" and "sampling failed: IndexError" in (request.error or "")
+    assert [e.finish_reason for e in events] == ["error"]
+    assert engine.blocks.num_free_blocks == engine.config.num_blocks
+    again = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4, stop_token_ids=()))[0]
+    assert again.finish_reason == "length" and len(again.output_ids) == 4

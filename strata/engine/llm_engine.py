@@ -96,11 +96,12 @@ class LLMEngine:
         request = Request(
             request_id, tuple(prompt_ids), params, priority=priority, arrival_time=time.monotonic()
         )
-        seq = Sequence(request)
-        self.scheduler.add(seq)
+        # Everything that can fail comes before the scheduler sees the sequence: nothing is left queued.
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         stop = StopChecker.for_params(self.tokenizer, params)
         tracker = ThinkTracker(think) if think is not None else None
+        seq = Sequence(request)
+        self.scheduler.add(seq)
         self._live[request_id] = _Live(seq, generator, stop, limit, tracker)
         return request
 
@@ -122,10 +123,16 @@ class LLMEngine:
         try:
             out = self.runner.run(batch)
         except Exception as e:  # a failed step fails its requests, never leaks their blocks
-            message = f"the model step failed: {type(e).__name__}: {e}"
-            return events + [self._finish(seq.request.request_id, "error", message) for seq in batch.seqs]
+            return events + self._fail(batch.seqs, f"the model step failed: {type(e).__name__}: {e}")
         self.scheduler.finish_step(batch)
-        return events + self._postprocess(batch, out)
+        try:
+            return events + self._postprocess(batch, out)
+        except Exception as e:  # sampling failed (say, logits a penalty drove to inf): fail, don't die
+            return events + self._fail(out.seqs, f"sampling failed: {type(e).__name__}: {e}")
+
+    def _fail(self, seqs: tuple[Sequence, ...], message: str) -> list[TokenEvent]:
+        live = [seq.request.request_id for seq in seqs if seq.request.request_id in self._live]
+        return [self._finish(request_id, "error", message) for request_id in live]
 
     def _reap_aborted(self) -> list[TokenEvent]:
         events = [self._finish(request_id, "abort") for request_id in sorted(self._aborted)]

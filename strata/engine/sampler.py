@@ -72,6 +72,8 @@ class SamplingParams:
             raise ValueError(problem)
 
     def _problems(self) -> Iterator[str]:
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            yield f"seed {self.seed} is outside the 64-bit range [-2**63, 2**64); pick a smaller seed"
         if self.max_tokens is not None and self.max_tokens < 1:
             yield f"max_tokens is {self.max_tokens}; it must be at least 1 (or None to fill the context)"
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -86,8 +88,11 @@ class SamplingParams:
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
                 yield f"{name} is {value}; it must be in [-2, 2], and 0 disables it"
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            yield f"repetition_penalty is {self.repetition_penalty}; it must be positive, and 1 disables it"
+        if not (math.isfinite(self.repetition_penalty) and 0.01 <= self.repetition_penalty <= 100):
+            # Beyond this range the scaled logits overflow to inf and sampling has nothing to pick.
+            yield (
+                f"repetition_penalty is {self.repetition_penalty}; it must be in [0.01, 100] (1 disables it)"
+            )
         for token, bias in self.logit_bias.items():
             if token < 0 or math.isnan(bias) or bias == math.inf:
                 yield f"logit_bias {{{token}: {bias}}}: ids must be >= 0, biases finite or -inf (to ban)"
