@@ -122,7 +122,8 @@ def test_a_full_queue_is_a_503_with_retry_after_in_each_api_shape(server: tuple[
                 }
                 # One request takes the one waiting place; the other five are refused at once.
                 await _until(lambda: sum(t.done() for t in tasks) == 5)
-                assert rt.engine.stats().num_waiting == 1
+                # Stats are published after each step: wait for the snapshot that shows the waiter.
+                await _until(lambda: rt.engine.stats().num_waiting == 1)
             # The holder is gone (aborted); the waiting request runs.
             done = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
             return list(zip(tasks.values(), done, strict=True))
