@@ -147,11 +147,13 @@ def _policy(answer_room: bool = True) -> ThinkingPolicy:
 
 
 def test_answer_room_and_effort_budgets(caplog: pytest.LogCaptureFixture) -> None:
-    policy, prompt = _policy(), [ord(c) for c in "assistant\n<think>\n"]
+    policy, opened = _policy(), True  # the prompt opened the think block
+    assert policy.opened([ord(c) for c in "assistant\n<think>\n"])
+    assert not policy.opened([ord(c) for c in "assistant\n"])
     on = ThinkingRequest()
     with caplog.at_level(logging.INFO, logger="strata.server.thinking"):
-        budgets = {n: policy.budget(on, prompt, n) for n in (1023, 1024, 2048, 4096, 40_000)}
-        policy.budget(on, prompt, 4096)
+        budgets = {n: policy.budget(on, opened, n) for n in (1023, 1024, 2048, 4096, 40_000)}
+        policy.budget(on, opened, 4096)
     assert budgets[1023] is None
     assert {n: b.max_tokens for n, b in budgets.items() if b} == {
         1024: 512,
@@ -164,19 +166,19 @@ def test_answer_room_and_effort_budgets(caplog: pytest.LogCaptureFixture) -> Non
         r for r in caplog.records if r.getMessage().startswith("reasoning budget: answer room")
     ]
     assert len(answer_room_logs) == 1  # the decision is logged once, not per request
-    assert _policy(answer_room=False).budget(on, prompt, 4096) is None
-    low = policy.budget(ThinkingRequest(effort="low"), prompt, 4096)
+    assert _policy(answer_room=False).budget(on, opened, 4096) is None
+    low = policy.budget(ThinkingRequest(effort="low"), opened, 4096)
     assert low is not None and low.max_tokens == 1024
-    assert policy.budget(ThinkingRequest(effort="none"), prompt, 4096) is None
-    explicit = policy.budget(ThinkingRequest(budget_tokens=100), prompt, 4096)
+    assert policy.budget(ThinkingRequest(effort="none"), opened, 4096) is None
+    explicit = policy.budget(ThinkingRequest(budget_tokens=100), opened, 4096)
     assert explicit is not None and explicit.max_tokens == 100
     assert (
-        policy.budget(ThinkingRequest(budget_tokens=5000), prompt, 4096) is None
+        policy.budget(ThinkingRequest(budget_tokens=5000), opened, 4096) is None
     )  # max_tokens ends it first
     assert policy.template_kwargs(ThinkingRequest(enabled=False)) == {"enable_thinking": False}
     assert policy.template_kwargs(ThinkingRequest()) == {}
     plain = ThinkingPolicy(ChatTemplate.builtin("chatml"), _Tok(), ModelServingConfig())  # type: ignore[arg-type]
-    assert plain.budget(on, prompt, 4096) is None  # no think block in the template: no budget
+    assert plain.budget(on, opened, 4096) is None  # no think block in the template: no budget
 
 
 def test_bad_reasoning_fields_are_400s(oai: openai.OpenAI) -> None:

@@ -16,9 +16,14 @@ def load_prompt_side(
     tokenizer = Tokenizer.from_gguf(metadata)
     if builtin_template is None:
         return tokenizer, ChatTemplate.from_gguf(metadata, tokenizer)
+    source = ChatTemplate.builtin(builtin_template).source  # an unknown name raises, listing the known
+    return tokenizer, template_for(source, tokenizer)
+
+
+def template_for(source: str, tokenizer: Tokenizer) -> ChatTemplate:
+    """A chat template from Jinja source, with this tokenizer's bos and eos pieces."""
 
     def piece(token_id: int | None) -> str:
         return tokenizer.id_to_piece(token_id) if token_id is not None else ""
 
-    template = ChatTemplate.builtin(builtin_template, piece(tokenizer.bos_id), piece(tokenizer.eos_id))
-    return tokenizer, template
+    return ChatTemplate(source, bos_token=piece(tokenizer.bos_id), eos_token=piece(tokenizer.eos_id))

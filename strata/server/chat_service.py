@@ -88,11 +88,12 @@ class ChatService:
             raise bad_request(str(e), "messages") from None
         fitted = self._fit(list(self.encoder.encode(rendered).ids), chat.sampling, clamp)
         thinks = self.thinking.thinks(chat.thinking) and kwargs.get("enable_thinking") is not False
+        opened = self.thinking.opened(fitted.ids)
         return replace(
             fitted,
-            think=self.thinking.budget(chat.thinking, fitted.ids, fitted.max_tokens) if thinks else None,
+            think=self.thinking.budget(chat.thinking, opened, fitted.max_tokens) if thinks else None,
             reasoning=self.thinking.template_thinks,
-            opened=self.thinking.opened(fitted.ids),
+            opened=opened,
             warnings=chat.warnings + tuple(dropped),
         )
 

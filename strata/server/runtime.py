@@ -10,7 +10,7 @@ from strata.engine.async_engine import AsyncEngine
 from strata.engine.llm import LLM, ModelConfig
 from strata.engine.llm_engine import EngineConfig, LLMEngine
 from strata.prompt.builtin_templates import BUILTIN_TEMPLATES
-from strata.prompt.chat_template import ChatTemplate
+from strata.prompt.loading import template_for
 from strata.server.app import create_app
 from strata.server.chat_service import ChatService
 from strata.server.config import ServerConfig
@@ -43,11 +43,7 @@ def build_runtime(
         model = replace(model, chat_template=template)
     llm = LLM(model, progress=progress)
     if model.chat_template is None and template is not None:  # Jinja source in the config
-        tok = llm.tokenizer
-        piece = tok.id_to_piece
-        bos = piece(tok.bos_id) if tok.bos_id is not None else ""
-        eos = piece(tok.eos_id) if tok.eos_id is not None else ""
-        llm.chat_template = ChatTemplate(template, bos_token=bos, eos_token=eos)
+        llm.chat_template = template_for(template, llm.tokenizer)
     async_engine = AsyncEngine(LLMEngine(llm.model, llm.tokenizer, engine)).start()
     service = ChatService(
         async_engine, llm.tokenizer, llm.chat_template, llm.spec.context_length, server, model_config

@@ -86,10 +86,10 @@ class ThinkingPolicy:
         """Whether the rendered prompt ends inside an open think block (the template opened it)."""
         return self.tokenizer.decode(prompt_ids[-8:]).rstrip().endswith(self.format.start)
 
-    def budget(self, request: ThinkingRequest, prompt_ids: list[int], max_new: int) -> ThinkBudget | None:
+    def budget(self, request: ThinkingRequest, opened: bool, max_new: int) -> ThinkBudget | None:
+        """The budget for a request whose prompt `opened` (or not) the think block."""
         if not self.template_thinks or request.wanted is False:
             return None
-        opened = self.opened(prompt_ids)
         if request.budget_tokens is not None:
             tokens, why = request.budget_tokens, "explicit budget from the request"
         elif request.effort in EFFORT_FRACTIONS:
