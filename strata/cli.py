@@ -10,7 +10,7 @@ import torch
 
 from strata import commands, env
 from strata.bench import command as bench_command
-from strata.engine.llm import DTYPES, ModelConfig
+from strata.engine.llm import DEVICES, DTYPES, ModelConfig
 from strata.engine.llm_engine import EngineConfig
 from strata.engine.sampler import SamplingParams
 from strata.engine.scheduler import SchedulerConfig
@@ -21,6 +21,16 @@ from strata.server.config import ServerConfig
 from strata.server.model_config import ModelServingConfig, shipped_config
 
 _MODEL_HELP = f"a GGUF file, or a packaged model: {', '.join(PACKAGED_MODELS)} (default {DEFAULT_MODEL})"
+
+
+def _device_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=DEVICES, default="auto", help="auto: the GPU when there is one")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", *sorted(DTYPES)),
+        default="auto",
+        help="auto: bfloat16 on a GPU, float32 on the CPU",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
     gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    _device_options(gen)
     _prompt_options(gen)
 
     tok = sub.add_parser("tokenize", help="show how text or a chat becomes tokens")
@@ -56,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     key = srv.add_mutually_exclusive_group()
     key.add_argument("--api-key", default=None, help="require this key on every route but /health")
     key.add_argument("--api-key-file", type=Path, default=None, help="read the API key from a file")
-    srv.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    _device_options(srv)
     srv.add_argument("--kv-tokens", type=int, default=32_768, help="KV cache size in tokens")
     srv.add_argument("--block-size", type=int, default=16)
     srv.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together")
@@ -124,7 +134,8 @@ def _serve(args: argparse.Namespace) -> None:
     )
     num_blocks = -(-args.kv_tokens // args.block_size)
     engine = EngineConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=scheduler)
-    commands.serve(ModelConfig(path, args.dtype, args.chat_template), engine, server, model_config)
+    model = ModelConfig(path, args.dtype, args.chat_template, args.device)
+    commands.serve(model, engine, server, model_config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 top_k=args.top_k,
                 seed=args.seed,
             )
-            config = ModelConfig(resolve_model(args.model), args.dtype, args.chat_template)
+            config = ModelConfig(resolve_model(args.model), args.dtype, args.chat_template, args.device)
             request = commands.GenerateRequest(args.text, args.chat, sampling, protect=not args.trust_prompts)
             commands.generate(config, request)
         elif args.command == "serve":

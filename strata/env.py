@@ -23,3 +23,9 @@ def num_threads() -> int | None:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"STRATA_NUM_THREADS={value!r} is not a positive integer; unset it or set e.g. 2")
     return int(value)
+
+
+def triton_on_cpu() -> bool:
+    """STRATA_TRITON_ON_CPU=1: models built on the CPU take the GPU's kernel path (Triton kernels run
+    in Triton's interpreter, which also needs TRITON_INTERPRET=1). For tests of that path without a GPU."""
+    return os.environ.get("STRATA_TRITON_ON_CPU", "") not in ("", "0")

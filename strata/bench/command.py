@@ -73,8 +73,11 @@ def main(args: argparse.Namespace) -> int:
         batch=args.batch,
         seed=args.seed,
     )
-    if args.device != "cpu":  # checked before the model is resolved: the message should come first
-        raise ValueError(f"--device {args.device}: strata has no GPU path yet; use --device cpu for now")
+    if args.device == "cuda":  # checked before the model is resolved: the message should come first
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA GPU on this machine; use --device cpu")
     bench = BenchConfig(
         model=resolve_model(args.model),
         workload=workload,

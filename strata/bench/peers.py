@@ -30,6 +30,9 @@ class LlamaCppRunner:
             n_ubatch=n_batch,
             n_threads=config.threads,
             n_threads_batch=config.threads,
+            # On a GPU every layer goes there, with flash attention, as GPU.md's peer figures were taken.
+            n_gpu_layers=-1 if config.device == "cuda" else 0,
+            flash_attn=config.device == "cuda",
             verbose=False,
         )
         self.vocab = self.model.n_vocab()
@@ -65,23 +68,31 @@ class TransformersRunner:
         dtype = getattr(torch, config.options.get("dtype", "float32"))
         path = config.model_path
         self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-        self.model.eval()
+        self.device = torch.device(config.device)
+        self.model = self.model.to(self.device).eval()  # type: ignore[arg-type]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
 
     @torch.inference_mode()
     def run(self, workload: Workload, prompts: list[list[int]]) -> Measurement:
-        ids = torch.tensor(prompts)  # (batch, depth + prompt_len): equal lengths, no padding
+        ids = torch.tensor(prompts, device=self.device)  # (batch, depth + prompt_len): equal lengths
         past = None
         if workload.depth:
             past = self.model(ids[:, : workload.depth], use_cache=True).past_key_values
+        self._sync()
         t0 = time.perf_counter()
         out = self.model(ids[:, workload.depth :], past_key_values=past, use_cache=True)
         token = out.logits[:, -1].argmax(-1)  # (batch,)
         steps = [token]
+        self._sync()
         t1 = time.perf_counter()
         for _ in range(workload.num_generated - 1):
             out = self.model(token[:, None], past_key_values=out.past_key_values, use_cache=True)
             token = out.logits[:, -1].argmax(-1)
             steps.append(token)
+        self._sync()
         t2 = time.perf_counter()
         tokens = torch.stack(steps, dim=1).tolist()
         return Measurement(t1 - t0, t2 - t1 if workload.mode == "decode" else 0.0, tokens)

@@ -54,7 +54,13 @@ class StrataRunner:
 
         torch.set_num_threads(config.threads)
         opts = config.options
-        self.llm = LLM(ModelConfig(config.model_path, opts.get("dtype", "float32")))
+        # GPU options are passed only on the GPU, so CPU runs of commits older than them still work.
+        self.gpu = config.device == "cuda"
+        gpu = {"device": config.device} if self.gpu else {}
+        self.llm = LLM(
+            ModelConfig(config.model_path, opts.get("dtype", "bfloat16" if self.gpu else "float32"), **gpu)
+        )
+        self.cuda_graphs = opts.get("cuda_graphs", "1") not in ("0", "false", "no")
         self.block_size = int(opts.get("block_size", 16))
         self.max_batched_tokens = int(opts["max_batched_tokens"]) if "max_batched_tokens" in opts else None
         self.prefix_cache = opts.get("prefix_cache", "1") not in ("0", "false", "no")
@@ -68,11 +74,19 @@ class StrataRunner:
         per_seq = -(-(workload.max_context + 16) // self.block_size) + 1
         budget = self.max_batched_tokens or max(2048, workload.batch * workload.prompt_len)
         scheduler = SchedulerConfig(max_num_seqs=max(64, workload.batch), max_num_batched_tokens=budget)
+        # Capture only the graph the workload's batch decodes with (a fresh engine captures anew).
+        gpu: dict[str, Any] = {}
+        if self.gpu:
+            from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES
+
+            size = next((b for b in DEFAULT_BATCH_SIZES if b >= workload.batch), DEFAULT_BATCH_SIZES[-1])
+            gpu = {"cuda_graphs": self.cuda_graphs, "graph_batch_sizes": (size,)}
         config = EngineConfig(
             num_blocks=per_seq * workload.batch,
             block_size=self.block_size,
             enable_prefix_cache=self.prefix_cache,
             scheduler=scheduler,
+            **gpu,
         )
         return LLMEngine(self.llm.model, self.llm.tokenizer, config)
 
@@ -118,8 +132,6 @@ def _drain(engine: Any, requests: list[Any]) -> None:
 
 
 def build_runner(config: WorkerConfig) -> Runner:
-    if config.device != "cpu":
-        raise ValueError(f"device {config.device!r}: the bench runners run on the CPU only for now")
     if config.kind == "strata":
         return StrataRunner(config)
     from . import peers

@@ -15,9 +15,18 @@ class KVCache:
     slots through block tables (slot = block * block_size + offset) and hands over the same tensors.
     """
 
-    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
         # (num_layers, 2, num_slots, num_kv_heads, head_dim)
-        self.kv = torch.zeros(num_layers, 2, num_slots, num_kv_heads, head_dim, dtype=dtype)
+        shape = (num_layers, 2, num_slots, num_kv_heads, head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -26,6 +35,26 @@ class KVCache:
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv[layer, 0, slots], self.kv[layer, 1, slots]
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K and V, each (num_slots, num_kv_heads, head_dim), as the kernels read them."""
+        return self.kv[layer, 0], self.kv[layer, 1]
+
+
+@dataclass(frozen=True)
+class PagedDecode:
+    """A decode step (one new token per sequence) as the paged attention kernel reads it.
+
+    Position j of sequence b is at slot block_tables[b, j // block_size] * block_size + j %
+    block_size. `num_splits` is fixed by the host (a captured CUDA graph keeps it), so choosing it
+    never reads the device.
+    """
+
+    block_tables: torch.Tensor  # (batch, max_blocks) int32
+    context_lens: torch.Tensor  # (batch,) int32, counting the new token
+    block_size: int
+    max_context_len: int  # an upper bound of context_lens, known on the host
+    num_splits: int | None = None  # None: paged_decode_attention's choice for max_context_len
 
 
 @dataclass
@@ -41,13 +70,14 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # (num_tokens,) slot each new token's K/V is written to
     query_lens: tuple[int, ...]  # new tokens per sequence, in batch order
     context_slots: tuple[torch.Tensor, ...]  # per sequence: (context_len,) slots in position order
+    paged: PagedDecode | None = None  # set for decode steps on the kernel path (then context_slots is empty)
     _masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def contiguous(cls, start: int, num_tokens: int) -> AttentionMetadata:
+    def contiguous(cls, start: int, num_tokens: int, device: torch.device | str = "cpu") -> AttentionMetadata:
         """Tokens start..start+num_tokens-1 of one sequence stored at slots equal to their positions."""
-        positions = torch.arange(start, start + num_tokens)
-        return cls(positions, positions, (num_tokens,), (torch.arange(start + num_tokens),))
+        positions = torch.arange(start, start + num_tokens, device=device)
+        return cls(positions, positions, (num_tokens,), (torch.arange(start + num_tokens, device=device),))
 
     def query_slices(self) -> list[slice]:
         bounds, start = [], 0
@@ -60,7 +90,7 @@ class AttentionMetadata:
         """(query_len, context_len) bool for sequence `seq`: causal, within `window` when it is set."""
         key = (seq, window)
         if key not in self._masks:
-            key_pos = torch.arange(self.context_slots[seq].numel())
+            key_pos = torch.arange(self.context_slots[seq].numel(), device=self.positions.device)
             delta = self.positions[rows, None] - key_pos[None, :]
             allowed = delta >= 0
             if window is not None:

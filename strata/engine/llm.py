@@ -16,7 +16,8 @@ from strata.gguf.spec import ModelSpec
 from strata.models import build_model
 from strata.prompt.loading import load_prompt_side
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,20 @@ class ModelConfig:
     """How to load a model: built at the edge (CLI), passed down."""
 
     path: Path
-    dtype: str = "float32"
+    dtype: str = "float32"  # "auto": bfloat16 on a GPU, float32 on the CPU
     chat_template: str | None = None  # a built-in template's name, instead of the file's own
+    device: str = "cpu"  # "auto": the GPU when torch sees one
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r} is not supported; choose one of {', '.join(DEVICES)}")
+        if self.device == "auto":
+            object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", "bfloat16" if self.device == "cuda" else "float32")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+            choices = ", ".join(("auto", *DTYPES))
+            raise ValueError(f"dtype {self.dtype!r} is not supported; choose one of {choices}")
 
 
 @dataclass
@@ -59,14 +68,17 @@ class LLM:
         self.gguf = GGUFFile(config.path)
         self.spec = ModelSpec.from_gguf(self.gguf)
         self.tokenizer, self.chat_template = load_prompt_side(self.gguf.metadata, config.chat_template)
-        self.model = build_model(self.gguf, self.spec, DTYPES[config.dtype], progress=progress)
+        self.model = build_model(
+            self.gguf, self.spec, DTYPES[config.dtype], progress=progress, device=config.device
+        )
         self.stats = GenerationStats()
 
     @torch.inference_mode()
     def prompt_logits(self, ids: list[int]) -> torch.Tensor:
         """(len(ids), vocab) float32 logits at every prompt position, in one prefill."""
         kv = self._kv_cache(len(ids))
-        hidden = self.model(torch.tensor(ids), kv, AttentionMetadata.contiguous(0, len(ids)))
+        meta = AttentionMetadata.contiguous(0, len(ids), self.model.device)
+        hidden = self.model(torch.tensor(ids, device=self.model.device), kv, meta)
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -86,8 +98,8 @@ class LLM:
         ids, start = prompt_ids, 0
         t0 = time.perf_counter()
         while stats.generated_tokens < limit:
-            meta = AttentionMetadata.contiguous(start, len(ids))
-            hidden = self.model(torch.tensor(ids), kv, meta)
+            meta = AttentionMetadata.contiguous(start, len(ids), self.model.device)
+            hidden = self.model(torch.tensor(ids, device=self.model.device), kv, meta)
             logits = self.model.compute_logits(hidden[-1:])
             token = sample_batch(logits, [params], [generator], [history], [len(prompt_ids)]).token_ids[0]
             now = time.perf_counter()
@@ -113,4 +125,6 @@ class LLM:
 
     def _kv_cache(self, num_tokens: int) -> KVCache:
         s = self.spec
-        return KVCache(s.num_layers, num_tokens, s.num_kv_heads, s.head_dim, self.model.dtype)
+        return KVCache(
+            s.num_layers, num_tokens, s.num_kv_heads, s.head_dim, self.model.dtype, self.model.device
+        )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from strata.engine.block_manager import BlockManager
+from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES
 from strata.engine.model_runner import ModelRunner, RunnerOutput, ScheduledBatch
 from strata.engine.request import FinishReason, Request
 from strata.engine.sampler import SamplingParams, max_new_tokens, sample_batch
@@ -26,6 +27,8 @@ class EngineConfig:
     block_size: int = 16
     enable_prefix_cache: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cuda_graphs: bool = True  # on a GPU: replay captured decode steps
+    graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # the batch sizes captured
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -66,7 +69,9 @@ class LLMEngine:
         self.context_length = model.spec.context_length
         self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
-        self.runner = ModelRunner(model, config.num_blocks, config.block_size)
+        self.runner = ModelRunner(
+            model, config.num_blocks, config.block_size, config.cuda_graphs, config.graph_batch_sizes
+        )
         self._live: dict[str, _Live] = {}
         self._aborted: set[str] = set()
         self._ids = itertools.count()

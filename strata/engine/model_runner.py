@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.kv_cache import AttentionMetadata, KVCache
+from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
+from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
 from strata.engine.sequence import Sequence
 from strata.models.base import DecoderModel
 
@@ -25,6 +26,10 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    @property
+    def is_decode(self) -> bool:
+        return all(n == 1 for n in self.num_new_tokens)
+
 
 @dataclass(frozen=True)
 class RunnerOutput:
@@ -41,15 +46,49 @@ def slots_of(block_table: list[int], block_size: int, start: int, end: int) -> t
     return blocks * block_size + positions % block_size
 
 
-class ModelRunner:
-    """Runs the model over a `ScheduledBatch`; the KV pool is `num_blocks * block_size` slots."""
+def _decode_inputs(seqs: tuple[Sequence, ...], block_size: int) -> tuple[list[int], list[int], list[int]]:
+    """Token ids, positions and KV slots of a decode step (each sequence's one uncomputed token)."""
+    ids, positions, slots = [], [], []
+    for seq in seqs:
+        pos = seq.num_computed_tokens
+        ids.append(seq.token_ids[pos])
+        positions.append(pos)
+        slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+    return ids, positions, slots
 
-    def __init__(self, model: DecoderModel, num_blocks: int, block_size: int) -> None:
+
+class ModelRunner:
+    """Runs the model over a `ScheduledBatch`; the KV pool is `num_blocks * block_size` slots.
+
+    On the kernel path decode steps read K/V through block tables (the paged attention kernel); on a
+    GPU they replay captured CUDA graphs when `cuda_graphs` is on and the batch fits the largest size.
+    Other steps (prefill, mixed) run eagerly with per-sequence slot lists.
+    """
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        num_blocks: int,
+        block_size: int,
+        cuda_graphs: bool = True,
+        graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+    ) -> None:
         s = model.spec
-        self.model, self.block_size = model, block_size
-        self.kv = KVCache(s.num_layers, num_blocks * block_size, s.num_kv_heads, s.head_dim, model.dtype)
+        self.model, self.block_size, self.device = model, block_size, model.device
+        self.kernels = model.place.kernels
+        # One block past the pool: the scratch block that padding rows of a captured batch write to.
+        slots = (num_blocks + 1) * block_size
+        self.kv = KVCache(s.num_layers, slots, s.num_kv_heads, s.head_dim, model.dtype, model.device)
+        self.max_blocks = -(-s.context_length // block_size)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and self.device.type == "cuda":
+            self.graphs = DecodeGraphs(
+                model, self.kv, block_size, self.max_blocks, num_blocks, graph_batch_sizes
+            )
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
+        if self.kernels and batch.is_decode:
+            return self._prepare_paged_decode(batch)
         ids, positions, slot_mapping, contexts = [], [], [], []
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
@@ -57,20 +96,43 @@ class ModelRunner:
             positions.append(torch.arange(start, end))
             context = slots_of(seq.block_table, self.block_size, 0, end)
             slot_mapping.append(context[start:end])
-            contexts.append(context)
+            contexts.append(context.to(self.device))
         meta = AttentionMetadata(
-            positions=torch.cat(positions),
-            slot_mapping=torch.cat(slot_mapping),
+            positions=torch.cat(positions).to(self.device),
+            slot_mapping=torch.cat(slot_mapping).to(self.device),
             query_lens=batch.num_new_tokens,
             context_slots=tuple(contexts),
         )
-        return torch.tensor(ids, dtype=torch.long), meta
+        return torch.tensor(ids, dtype=torch.long, device=self.device), meta
+
+    def _prepare_paged_decode(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
+        ids, positions, slots = _decode_inputs(batch.seqs, self.block_size)
+        width = max(len(seq.block_table) for seq in batch.seqs)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
+        paged = PagedDecode(
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=self.device),
+            context_lens=torch.tensor([p + 1 for p in positions], dtype=torch.int32, device=self.device),
+            block_size=self.block_size,
+            max_context_len=max(positions) + 1,
+        )
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            query_lens=batch.num_new_tokens,
+            context_slots=(),
+            paged=paged,
+        )
+        return torch.tensor(ids, dtype=torch.long, device=self.device), meta
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> RunnerOutput:
         """Compute the batch's tokens (their K/V land in the pool) and the logits that are due."""
-        ids, meta = self.prepare(batch)
-        hidden = self.model(ids, self.kv, meta)
+        if self.graphs is not None and batch.is_decode and len(batch.seqs) <= self.graphs.max_batch:
+            ids, positions, slots = _decode_inputs(batch.seqs, self.block_size)
+            logits = self.graphs.run(ids, positions, slots, [seq.block_table for seq in batch.seqs])
+            return RunnerOutput(batch.seqs, logits)
+        ids_t, meta = self.prepare(batch)
+        hidden = self.model(ids_t, self.kv, meta)
         rows, due = [], []
         end = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):

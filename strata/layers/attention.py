@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strata.engine.kv_cache import AttentionMetadata, KVCache
+from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
 
 
 class Attention(nn.Module):
@@ -22,6 +22,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
         kv.write(self.layer, meta.slot_mapping, k, v)
+        if meta.paged is not None:
+            return self._paged_decode(q, kv, meta.paged)
         outs = []
         for seq, rows in enumerate(meta.query_slices()):
             keys, values = kv.read(self.layer, meta.context_slots[seq])  # (context_len, kv_heads, dim)
@@ -35,3 +37,14 @@ class Attention(nn.Module):
             )
             outs.append(out.transpose(0, 1))
         return torch.cat(outs).flatten(1)  # (num_tokens, num_heads * head_dim)
+
+    def _paged_decode(self, q: torch.Tensor, kv: KVCache, paged: PagedDecode) -> torch.Tensor:
+        from strata.kernels.paged_attention import paged_decode_attention  # needs triton
+
+        k_cache, v_cache = kv.layer(self.layer)
+        out = paged_decode_attention(
+            q, k_cache, v_cache, paged.block_tables, paged.context_lens,
+            block_size=paged.block_size, scale=self.scale, window=self.window,
+            num_splits=paged.num_splits, max_context_len=paged.max_context_len,
+        )  # fmt: skip
+        return out.flatten(1)

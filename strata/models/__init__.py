@@ -6,6 +6,7 @@ import torch
 
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
+from strata.layers.placement import Placement
 from strata.models.base import DecoderModel
 from strata.models.gemma3 import Gemma3Model
 from strata.models.llama import LlamaModel
@@ -21,7 +22,12 @@ MODEL_REGISTRY: dict[str, type[DecoderModel]] = {
 
 
 def build_model(
-    gguf: GGUFFile, spec: ModelSpec, dtype: torch.dtype = torch.float32, progress: bool = False
+    gguf: GGUFFile,
+    spec: ModelSpec,
+    dtype: torch.dtype = torch.float32,
+    progress: bool = False,
+    device: str | torch.device = "cpu",
 ) -> DecoderModel:
-    """The architecture's model with every weight loaded from `gguf` by its GGUF name."""
-    return MODEL_REGISTRY[spec.architecture](gguf, spec, dtype, progress).eval()
+    """The architecture's model with every weight loaded from `gguf` by its GGUF name, on `device`."""
+    place = Placement.of(dtype, device)
+    return MODEL_REGISTRY[spec.architecture](gguf, spec, place, progress).eval()

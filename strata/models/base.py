@@ -12,20 +12,28 @@ from strata.gguf.spec import ModelSpec
 from strata.layers.embedding import QuantEmbedding
 from strata.layers.linear import QuantLinear
 from strata.layers.norm import RMSNorm
+from strata.layers.placement import Placement
 
 
 class DecoderModel(nn.Module):
     """Subclasses build `self.blk` (one block per GGUF `blk.N`); attributes follow GGUF tensor names."""
 
-    def __init__(self, gguf: GGUFFile, spec: ModelSpec, dtype: torch.dtype, progress: bool = False) -> None:
+    def __init__(self, gguf: GGUFFile, spec: ModelSpec, place: Placement, progress: bool = False) -> None:
         super().__init__()
-        self.spec, self.dtype = spec, dtype
-        self.token_embd = QuantEmbedding(gguf, "token_embd", dtype, scale=spec.embed_scale)
+        self.spec, self.place, self.dtype = spec, place, place.dtype
+        self.token_embd = QuantEmbedding(gguf, "token_embd", place, scale=spec.embed_scale)
         layers = tqdm(range(spec.num_layers), desc="load layers", disable=not progress, leave=False)
         self.blk = nn.ModuleList(self.build_block(gguf, i) for i in layers)
         self.output_norm = RMSNorm(gguf, "output_norm", spec.rms_eps)
-        self.output: QuantLinear | None = None if spec.tied_embeddings else QuantLinear(gguf, "output", dtype)
-        self._tied_weight = self.token_embd.dense_weight() if spec.tied_embeddings else None
+        tied = spec.tied_embeddings
+        self.output = self.token_embd.as_output_head() if tied else QuantLinear.load(gguf, "output", place)
+        # Norm weights, rotary tables and biases are built on the CPU; the big weights went straight
+        # to the device in their layers.
+        self.to(place.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.place.device
 
     def build_block(self, gguf: GGUFFile, layer: int) -> nn.Module:
         raise NotImplementedError
@@ -39,7 +47,4 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, hidden) -> (n, vocab) float32 logits; callers pick the rows they need first."""
-        if self.output is not None:
-            return self.output(hidden).float()
-        assert self._tied_weight is not None
-        return (hidden @ self._tied_weight.T).float()
+        return self.output(hidden).float()

@@ -12,6 +12,7 @@ from strata.gguf.spec import ModelSpec
 from strata.layers.attention import Attention
 from strata.layers.linear import QuantLinear
 from strata.layers.norm import RMSNorm
+from strata.layers.placement import Placement
 from strata.layers.rotary import RotaryEmbedding
 from strata.models.base import DecoderModel
 
@@ -19,22 +20,22 @@ from strata.models.base import DecoderModel
 class Gemma3Block(nn.Module):
     """x += post_attention_norm(attn(...)); x += post_ffw_norm(ffn_down(gelu(ffn_gate(h)) * ffn_up(h)))."""
 
-    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, dtype: torch.dtype) -> None:
+    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, place: Placement) -> None:
         super().__init__()
         p, eps = f"blk.{layer}", spec.rms_eps
         self.spec = spec
         self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", eps)
-        self.attn_q = QuantLinear(gguf, f"{p}.attn_q", dtype)
-        self.attn_k = QuantLinear(gguf, f"{p}.attn_k", dtype)
-        self.attn_v = QuantLinear(gguf, f"{p}.attn_v", dtype)
+        self.attn_q = QuantLinear.load(gguf, f"{p}.attn_q", place)
+        self.attn_k = QuantLinear.load(gguf, f"{p}.attn_k", place)
+        self.attn_v = QuantLinear.load(gguf, f"{p}.attn_v", place)
         self.attn_q_norm = RMSNorm(gguf, f"{p}.attn_q_norm", eps)
         self.attn_k_norm = RMSNorm(gguf, f"{p}.attn_k_norm", eps)
-        self.attn_output = QuantLinear(gguf, f"{p}.attn_output", dtype)
+        self.attn_output = QuantLinear.load(gguf, f"{p}.attn_output", place)
         self.post_attention_norm = RMSNorm(gguf, f"{p}.post_attention_norm", eps)
         self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", eps)
-        self.ffn_gate = QuantLinear(gguf, f"{p}.ffn_gate", dtype)
-        self.ffn_up = QuantLinear(gguf, f"{p}.ffn_up", dtype)
-        self.ffn_down = QuantLinear(gguf, f"{p}.ffn_down", dtype)
+        self.ffn_gate = QuantLinear.load(gguf, f"{p}.ffn_gate", place)
+        self.ffn_up = QuantLinear.load(gguf, f"{p}.ffn_up", place)
+        self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
         self.post_ffw_norm = RMSNorm(gguf, f"{p}.post_ffw_norm", eps)
         sliding = spec.is_sliding(layer)
         base = spec.local_rope_base if sliding and spec.local_rope_base else spec.rope_base
@@ -59,4 +60,4 @@ class Gemma3Block(nn.Module):
 
 class Gemma3Model(DecoderModel):
     def build_block(self, gguf: GGUFFile, layer: int) -> nn.Module:
-        return Gemma3Block(gguf, self.spec, layer, self.dtype)
+        return Gemma3Block(gguf, self.spec, layer, self.place)

@@ -12,6 +12,7 @@ from strata.gguf.spec import ModelSpec
 from strata.layers.attention import Attention
 from strata.layers.linear import QuantLinear
 from strata.layers.norm import RMSNorm
+from strata.layers.placement import Placement
 from strata.layers.rotary import RotaryEmbedding
 from strata.models.base import DecoderModel
 
@@ -22,19 +23,19 @@ class LlamaBlock(nn.Module):
     Q/K/V biases (Qwen2) load when the file has them; the forward is the same either way.
     """
 
-    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, dtype: torch.dtype) -> None:
+    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, place: Placement) -> None:
         super().__init__()
         p = f"blk.{layer}"
         self.spec = spec
         self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", spec.rms_eps)
-        self.attn_q = QuantLinear(gguf, f"{p}.attn_q", dtype)
-        self.attn_k = QuantLinear(gguf, f"{p}.attn_k", dtype)
-        self.attn_v = QuantLinear(gguf, f"{p}.attn_v", dtype)
-        self.attn_output = QuantLinear(gguf, f"{p}.attn_output", dtype)
+        self.attn_q = QuantLinear.load(gguf, f"{p}.attn_q", place)
+        self.attn_k = QuantLinear.load(gguf, f"{p}.attn_k", place)
+        self.attn_v = QuantLinear.load(gguf, f"{p}.attn_v", place)
+        self.attn_output = QuantLinear.load(gguf, f"{p}.attn_output", place)
         self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", spec.rms_eps)
-        self.ffn_gate = QuantLinear(gguf, f"{p}.ffn_gate", dtype)
-        self.ffn_up = QuantLinear(gguf, f"{p}.ffn_up", dtype)
-        self.ffn_down = QuantLinear(gguf, f"{p}.ffn_down", dtype)
+        self.ffn_gate = QuantLinear.load(gguf, f"{p}.ffn_gate", place)
+        self.ffn_up = QuantLinear.load(gguf, f"{p}.ffn_up", place)
+        self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
         self.rotary = RotaryEmbedding(spec.rope_dim, spec.rope_base, spec.rope_layout, spec.rope_scale)
         self.attn = Attention(layer, spec.num_heads, spec.num_kv_heads, spec.attn_scale, window=None)
 
@@ -55,4 +56,4 @@ class LlamaBlock(nn.Module):
 
 class LlamaModel(DecoderModel):
     def build_block(self, gguf: GGUFFile, layer: int) -> nn.Module:
-        return LlamaBlock(gguf, self.spec, layer, self.dtype)
+        return LlamaBlock(gguf, self.spec, layer, self.place)

@@ -9,12 +9,13 @@ from strata.engine.kv_cache import AttentionMetadata
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.layers.norm import RMSNorm
+from strata.layers.placement import Placement
 from strata.models.llama import LlamaBlock, LlamaModel
 
 
 class Qwen3Block(LlamaBlock):
-    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, dtype: torch.dtype) -> None:
-        super().__init__(gguf, spec, layer, dtype)
+    def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, place: Placement) -> None:
+        super().__init__(gguf, spec, layer, place)
         self.attn_q_norm = RMSNorm(gguf, f"blk.{layer}.attn_q_norm", spec.rms_eps)
         self.attn_k_norm = RMSNorm(gguf, f"blk.{layer}.attn_k_norm", spec.rms_eps)
 
@@ -28,4 +29,4 @@ class Qwen3Block(LlamaBlock):
 
 class Qwen3Model(LlamaModel):
     def build_block(self, gguf: GGUFFile, layer: int) -> nn.Module:
-        return Qwen3Block(gguf, self.spec, layer, self.dtype)
+        return Qwen3Block(gguf, self.spec, layer, self.place)

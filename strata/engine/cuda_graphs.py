@@ -1,0 +1,111 @@
+"""The decode step captured as CUDA graphs, one per batch size, replayed with each step's inputs.
+
+A decode step of a small model is hundreds of short kernels; launched one by one from Python, the
+launches cost more than the kernels. A captured graph replays them all with one call. Its tensors
+are fixed, so every step copies its inputs (token ids, positions, KV slots, block tables, context
+lengths) into static buffers first, and a batch of b sequences runs the smallest captured size >= b,
+the extra rows padding: token 0 at position 0, writing its K/V to a scratch slot outside the pool and
+attending only to that slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
+from strata.models.base import DecoderModel
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+
+class DecodeGraphs:
+    """Captured decode steps over `kv`; `scratch_block` is a block the block manager never hands out."""
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        kv: KVCache,
+        block_size: int,
+        max_blocks: int,
+        scratch_block: int,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    ) -> None:
+        if not batch_sizes or min(batch_sizes) < 1:
+            raise ValueError(f"batch_sizes must be positive sizes, got {tuple(batch_sizes)}")
+        device = model.device
+        self.sizes = sorted(set(batch_sizes))
+        self.block_size, self.max_blocks, self.scratch_block = block_size, max_blocks, scratch_block
+        n = self.sizes[-1]
+        self.ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slots = torch.full((n,), scratch_block * block_size, dtype=torch.long, device=device)
+        self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        pool = torch.cuda.graph_pool_handle()
+        # Largest first, so the smaller graphs fit in the memory the largest one reserved.
+        for size in reversed(self.sizes):
+            self.graphs[size] = self._capture(model, kv, size, pool)
+
+    @property
+    def max_batch(self) -> int:
+        return self.sizes[-1]
+
+    def _metadata(self, size: int) -> AttentionMetadata:
+        paged = PagedDecode(
+            self.block_tables[:size],
+            self.context_lens[:size],
+            self.block_size,
+            self.max_blocks * self.block_size,
+        )
+        return AttentionMetadata(self.positions[:size], self.slots[:size], (1,) * size, (), paged=paged)
+
+    @torch.inference_mode()
+    def _capture(
+        self, model: DecoderModel, kv: KVCache, size: int, pool: object
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        meta = self._metadata(size)
+        # Warm-up runs compile the Triton kernels for this size (capture cannot compile); on a side
+        # stream, as capture requires. The buffers hold padding, so only the scratch slot is written.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                model.compute_logits(model(self.ids[:size], kv, meta))
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):  # type: ignore[arg-type]
+            logits = model.compute_logits(model(self.ids[:size], kv, meta))
+        return graph, logits
+
+    def run(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        block_tables: list[list[int]],
+    ) -> torch.Tensor:
+        """(len(ids), vocab) float32 logits of one decode step; each sequence's block table covers its
+        context (position + 1 tokens). The result is a view into the graph's output: read it before
+        the next step."""
+        batch = len(ids)
+        size = next(s for s in self.sizes if s >= batch)
+        graph, logits = self.graphs[size]
+        pad = size - batch
+        scratch_slot = self.scratch_block * self.block_size
+        width = max(len(t) for t in block_tables)
+        tables = [t + [self.scratch_block] * (width - len(t)) for t in block_tables]
+        tables += [[self.scratch_block] * width] * pad
+        ints = torch.tensor(
+            [ids + [0] * pad, positions + [0] * pad, slots + [scratch_slot] * pad], dtype=torch.long
+        )
+        self.ids[:size].copy_(ints[0], non_blocking=True)
+        self.positions[:size].copy_(ints[1], non_blocking=True)
+        self.slots[:size].copy_(ints[2], non_blocking=True)
+        self.context_lens[:size].copy_(ints[1] + 1, non_blocking=True)
+        # Columns past a sequence's context are never read, so stale ones may stay.
+        self.block_tables[:size, :width].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
+        graph.replay()
+        return logits[:batch]
