@@ -150,7 +150,11 @@ def main() -> int:
     args = p.parse_args()
     args.folder.mkdir(parents=True, exist_ok=True)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    checks = [] if args.skip_parity else parity(args.folder)
+    checks: list[dict[str, object]] = [{"layout": "-", "check": "parity ran", "equal": False}]
+    try:
+        checks = [] if args.skip_parity else parity(args.folder)
+    except Exception:  # still time the cases: the failure is reported and the exit status is 1
+        traceback.print_exc()
     rows = speed(args.folder, args.layouts.split(","), args.cases.split(","), args.repeats)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ if not CUDA:
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
+from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -30,7 +30,6 @@ from strata.engine.sampler import SamplingParams  # noqa: E402
 from strata.gguf.reader import GGUFFile  # noqa: E402
 from strata.gguf.spec import ModelSpec  # noqa: E402
 from strata.gguf.synth import SynthSpec, write_synthetic  # noqa: E402
-from strata.kernels.quant_pack import pack_quant_weight, unpack_quant_weight  # noqa: E402
 from strata.models import build_model  # noqa: E402
 from strata.prompt.tokenizer import Tokenizer  # noqa: E402
 from strata.synth.layouts import load_layout  # noqa: E402
@@ -71,14 +70,6 @@ def test_kernel_path_matches_reference_in_the_interpreter(
     device = "cuda" if CUDA else "cpu"
     ref = greedy_ids(path, "cpu", kernels=False, num_tokens=5)
     assert greedy_ids(path, device, kernels=True, num_tokens=5, cuda_graphs=False) == ref
-
-
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_K, T.Q6_K])
-def test_unpack_restores_the_file_bytes(qtype: GGMLQuantizationType) -> None:
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    n, k = 5, block_size * 3
-    raw = torch.randint(0, 256, (n * k // block_size * type_size,), dtype=torch.uint8)
-    assert torch.equal(unpack_quant_weight(pack_quant_weight(raw, qtype, n, k)).reshape(-1), raw)
 
 
 @cuda_only

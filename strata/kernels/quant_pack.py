@@ -93,12 +93,3 @@ def pack_quant_weight(
         planes.append(plane.view(dtype).reshape(n, -1))
     return PackedQuantWeight(qtype, n, k, tuple(planes))
 
-
-def unpack_quant_weight(w: PackedQuantWeight) -> torch.Tensor:
-    """The raw GGUF bytes (n, k / block_size * type_size) uint8 back from the planes: the inverse of
-    `pack_quant_weight`, for paths that dequantize whole weights (byte-identical to the file)."""
-    block_size, _ = GGML_QUANT_SIZES[w.qtype]
-    blocks = w.k // block_size
-    fields = sorted(zip(_FIELDS[w.qtype], w.planes, strict=True), key=lambda pair: pair[0][0])
-    parts = [plane.view(torch.uint8).reshape(w.n, blocks, end - start) for (start, end, _), plane in fields]
-    return torch.cat(parts, dim=2).reshape(w.n, -1)

@@ -7,21 +7,43 @@ import torch.nn.functional as F
 from torch import nn
 
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
+from strata.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
-    """Writes this step's K/V at their slots, then attends each sequence over its context's slots."""
+    """Rotates q and k, writes this step's K/V at their slots, then attends each sequence over its
+    context's slots. On the kernel path rotation and the K/V write are one kernel."""
 
-    def __init__(self, layer: int, num_heads: int, num_kv_heads: int, scale: float, window: int | None):
+    def __init__(
+        self,
+        layer: int,
+        num_heads: int,
+        num_kv_heads: int,
+        scale: float,
+        window: int | None,
+        rotary: RotaryEmbedding,
+        fused: bool = False,
+    ):
         super().__init__()
         self.layer, self.num_heads, self.num_kv_heads = layer, num_heads, num_kv_heads
-        self.scale, self.window = scale, window
+        self.scale, self.window, self.rotary, self.fused = scale, window, rotary, fused
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim)
-        kv.write(self.layer, meta.slot_mapping, k, v)
+        # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim); not rotated
+        if self.fused:
+            from strata.kernels.rotary_kv import rotary_kv_write  # needs triton
+
+            r = self.rotary
+            k_cache, v_cache = kv.layer(self.layer)
+            rotary_kv_write(
+                q, k, v, meta.positions, r.inv_freq, k_cache, v_cache, meta.slot_mapping,
+                rope_dim=r.dim, layout=r.layout, scale=r.scale,
+            )  # fmt: skip
+        else:
+            q, k = self.rotary(q, meta.positions), self.rotary(k, meta.positions)
+            kv.write(self.layer, meta.slot_mapping, k, v)
         if meta.paged is not None:
             return self._paged_decode(q, kv, meta.paged)
         outs = []

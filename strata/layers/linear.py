@@ -70,12 +70,9 @@ class QuantLinear(nn.Module):
         if flat.shape[0] <= MAX_M:
             y = quant_matvec(flat, self.packed, self.qtype, self.out_features, self.in_features)
         else:
-            from strata.kernels.quant_pack import unpack_quant_weight
+            from strata.kernels.quant_matmul import quant_matmul
 
-            dense = dequantize(
-                unpack_quant_weight(self.packed), self.qtype, (self.out_features, self.in_features)
-            )
-            y = F.linear(flat, dense.to(flat.dtype))
+            y = quant_matmul(flat, self.packed)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

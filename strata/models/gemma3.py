@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from strata.engine.kv_cache import AttentionMetadata, KVCache
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
+from strata.layers.activation import gated
 from strata.layers.attention import Attention
 from strata.layers.linear import QuantLinear
 from strata.layers.norm import RMSNorm
@@ -24,26 +24,29 @@ class Gemma3Block(nn.Module):
         super().__init__()
         p, eps = f"blk.{layer}", spec.rms_eps
         self.spec = spec
-        self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", eps)
+        self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", eps, place.kernels)
         self.attn_q = QuantLinear.load(gguf, f"{p}.attn_q", place)
         self.attn_k = QuantLinear.load(gguf, f"{p}.attn_k", place)
         self.attn_v = QuantLinear.load(gguf, f"{p}.attn_v", place)
-        self.attn_q_norm = RMSNorm(gguf, f"{p}.attn_q_norm", eps)
-        self.attn_k_norm = RMSNorm(gguf, f"{p}.attn_k_norm", eps)
+        self.attn_q_norm = RMSNorm(gguf, f"{p}.attn_q_norm", eps, place.kernels)
+        self.attn_k_norm = RMSNorm(gguf, f"{p}.attn_k_norm", eps, place.kernels)
         self.attn_output = QuantLinear.load(gguf, f"{p}.attn_output", place)
-        self.post_attention_norm = RMSNorm(gguf, f"{p}.post_attention_norm", eps)
-        self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", eps)
+        self.post_attention_norm = RMSNorm(gguf, f"{p}.post_attention_norm", eps, place.kernels)
+        self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", eps, place.kernels)
         self.ffn_gate = QuantLinear.load(gguf, f"{p}.ffn_gate", place)
         self.ffn_up = QuantLinear.load(gguf, f"{p}.ffn_up", place)
         self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
-        self.post_ffw_norm = RMSNorm(gguf, f"{p}.post_ffw_norm", eps)
+        self.post_ffw_norm = RMSNorm(gguf, f"{p}.post_ffw_norm", eps, place.kernels)
         sliding = spec.is_sliding(layer)
         base = spec.local_rope_base if sliding and spec.local_rope_base else spec.rope_base
         # Linear rope scaling applies to the global layers only (as in HF's Gemma 3).
         scale = 1.0 if sliding else spec.rope_scale
-        self.rotary = RotaryEmbedding(spec.rope_dim, base, spec.rope_layout, scale)
+        rotary = RotaryEmbedding(spec.rope_dim, base, spec.rope_layout, scale)
         window = spec.sliding_window if sliding else None
-        self.attn = Attention(layer, spec.num_heads, spec.num_kv_heads, spec.attn_scale, window)
+        self.attn = Attention(
+            layer, spec.num_heads, spec.num_kv_heads, spec.attn_scale, window, rotary, place.kernels
+        )
+        self.fused = place.kernels
 
     def forward(self, x: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         n, s = x.shape[0], self.spec
@@ -51,10 +54,9 @@ class Gemma3Block(nn.Module):
         q = self.attn_q_norm(self.attn_q(h).view(n, s.num_heads, s.head_dim))
         k = self.attn_k_norm(self.attn_k(h).view(n, s.num_kv_heads, s.head_dim))
         v = self.attn_v(h).view(n, s.num_kv_heads, s.head_dim)
-        q, k = self.rotary(q, meta.positions), self.rotary(k, meta.positions)
-        x = x + self.post_attention_norm(self.attn_output(self.attn(q, k, v, kv, meta)))
-        h = self.ffn_norm(x)
-        ffn = self.ffn_down(F.gelu(self.ffn_gate(h), approximate="tanh") * self.ffn_up(h))
+        attn = self.post_attention_norm(self.attn_output(self.attn(q, k, v, kv, meta)))
+        h, x = self.ffn_norm.add_and_norm(attn, x)
+        ffn = self.ffn_down(gated("gelu_tanh", self.ffn_gate(h), self.ffn_up(h), self.fused))
         return x + self.post_ffw_norm(ffn)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from strata.engine.kv_cache import AttentionMetadata
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.layers.norm import RMSNorm
@@ -16,15 +15,15 @@ from strata.models.llama import LlamaBlock, LlamaModel
 class Qwen3Block(LlamaBlock):
     def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, place: Placement) -> None:
         super().__init__(gguf, spec, layer, place)
-        self.attn_q_norm = RMSNorm(gguf, f"blk.{layer}.attn_q_norm", spec.rms_eps)
-        self.attn_k_norm = RMSNorm(gguf, f"blk.{layer}.attn_k_norm", spec.rms_eps)
+        self.attn_q_norm = RMSNorm(gguf, f"blk.{layer}.attn_q_norm", spec.rms_eps, place.kernels)
+        self.attn_k_norm = RMSNorm(gguf, f"blk.{layer}.attn_k_norm", spec.rms_eps, place.kernels)
 
-    def qkv(self, h: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
+    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n, s = h.shape[0], self.spec
         q = self.attn_q_norm(self.attn_q(h).view(n, s.num_heads, s.head_dim))
         k = self.attn_k_norm(self.attn_k(h).view(n, s.num_kv_heads, s.head_dim))
         v = self.attn_v(h).view(n, s.num_kv_heads, s.head_dim)
-        return self.rotary(q, meta.positions), self.rotary(k, meta.positions), v
+        return q, k, v
 
 
 class Qwen3Model(LlamaModel):

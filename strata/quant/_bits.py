@@ -31,7 +31,6 @@ def unpack(x: torch.Tensor, shifts: Sequence[int], mask: int, dim: int = -2) -> 
     With dim=-2 the result is (..., len(shifts), k): all bytes' first field, then all second fields
     (numpy's `x.reshape(..., 1, k) >> shifts.reshape(S, 1)`); with dim=-1 it is (..., k, len(shifts)).
     """
-    s = torch.tensor(list(shifts), dtype=torch.uint8, device=x.device)
-    if dim == -2:
-        return (x.unsqueeze(-2) >> s.view(-1, 1)) & mask
-    return (x.unsqueeze(-1) >> s) & mask
+    # One shift at a time, with no tensor of shifts: a host-made constant would be a host-to-device
+    # copy, which a CUDA graph capture (of an embedding lookup) refuses.
+    return torch.stack([(x >> s) & mask for s in shifts], dim=-2 if dim == -2 else -1)
