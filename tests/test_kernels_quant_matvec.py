@@ -104,6 +104,21 @@ def test_raw_bytes_and_one_row(qtype: GGMLQuantizationType):
     assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_bias_is_added_once(qtype: GGMLQuantizationType, split_k: int):
+    # With split-K only split 0 adds the bias; a bias added per split would be off by (splits - 1) * b.
+    n, k = 37, k_for(qtype, 5 if qtype == T.Q4_K else 11)
+    raw = random_weight(qtype, n, k, seed=11)
+    x = torch.randn(3, k)
+    bias = torch.randn(n) * 10
+    ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T + bias.double()
+    out = torch.full((3, n), float("nan"), device=DEVICE)
+    cfg = MatvecConfig(16, k_for(qtype, 1) * 2 if qtype == T.Q4_K else 128, split_k)
+    y = quant_matvec(x.to(DEVICE), raw.to(DEVICE), qtype, n, k, out=out, config=cfg, bias=bias.to(DEVICE))
+    assert torch.allclose(y.cpu().double(), ref, rtol=1e-5, atol=1e-4)
+
+
 @cuda_only
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 4, 16])

@@ -34,8 +34,24 @@ def add_to_row(acc, part, m: tl.constexpr, M_PAD: tl.constexpr):
 
 
 @triton.jit
-def store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M: tl.constexpr, M_PAD: tl.constexpr):
-    """Write the (M_PAD, BLOCK_N) accumulator to y[split, m, rows] (the split stride is 0 without split-K)."""
+def store_rows(
+    y_ptr,
+    acc,
+    rows,
+    N,
+    stride_ys,
+    stride_ym,
+    M: tl.constexpr,
+    M_PAD: tl.constexpr,
+    b_ptr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Write the (M_PAD, BLOCK_N) accumulator to y[split, m, rows] (the split stride is 0 without split-K),
+    plus the bias b[rows] when there is one: added by split 0 only, so the split sum adds it once, and
+    before the one rounding to y's dtype."""
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rows, mask=rows < N, other=0).to(tl.float32)
+        acc += tl.where(tl.program_id(1) == 0, bias, 0.0)[None, :]
     mi = tl.arange(0, M_PAD)
     ptrs = y_ptr + tl.program_id(1) * stride_ys + mi[:, None] * stride_ym + rows[None, :]
     tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=(mi[:, None] < M) & (rows[None, :] < N))

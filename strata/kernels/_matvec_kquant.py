@@ -26,11 +26,11 @@ def _q4_k_scale_min(w_ptr, hdr, j):
 
 @triton.jit
 def q4_k_matvec_kernel(
-    x_ptr, y_ptr, w_ptr, w16_ptr,
+    x_ptr, y_ptr, b_ptr, w_ptr, w16_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_w,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     # A 144-byte block: d fp16, dmin fp16, 12 scale bytes, then 4 chunks of 32 quant bytes; chunk c
     # holds elements 64c + i (low nibbles, sub-block 2c) and 64c + 32 + i (high nibbles, 2c + 1).
@@ -74,16 +74,16 @@ def q4_k_matvec_kernel(
                 - m_hi * tl.sum(x_hi, 1)[None, :]
             )
             acc = add_to_row(acc, tl.sum(part, 1), m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD)
+    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
 
 
 @triton.jit
 def q6_k_matvec_kernel(
-    x_ptr, y_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
+    x_ptr, y_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_ql, stride_qh, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     # Work goes in halves of a super-block (128 elements): half g has ql bytes 64g..64g+63, qh bytes
     # 32g..32g+31 and scales 8g..8g+7. Element 128g + 32s + i (s = 0..3, i = 0..31) takes its low
@@ -127,4 +127,4 @@ def q6_k_matvec_kernel(
                 xv = tl.load(x_ptr + m * stride_xm + x_off, mask=gm[:, None, None], other=0).to(tl.float32)
                 part = tl.sum(tl.sum(tl.sum(w * xv[None, :, :, :], 3) * scale, 2), 1)
                 acc = add_to_row(acc, part, m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD)
+    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)

@@ -87,8 +87,11 @@ def quant_matvec(
     *,
     out: torch.Tensor | None = None,
     config: MatvecConfig | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y = x @ W^T for x (M, k) and a GGUF-quantized W (n, k); returns y (M, n) in x's dtype.
+    """y = x @ W^T (+ bias) for x (M, k) and a GGUF-quantized W (n, k); returns y (M, n) in x's dtype.
+
+    `bias` (n,), any float dtype, is added to the fp32 sums before their one rounding to y's dtype.
 
     `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
     `PackedQuantWeight` from `pack_quant_weight` (pack once at load). `out`, when given, is written in
@@ -124,6 +127,8 @@ def quant_matvec(
             f"out must be a ({m}, {n}) {x.dtype} tensor on {x.device} with contiguous rows, "
             f"got {tuple(out.shape)} {out.dtype} on {out.device} with strides {out.stride()}"
         )
+    if bias is not None and (bias.shape != (n,) or bias.device != x.device or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous ({n},) tensor on {x.device}, got {tuple(bias.shape)}")
     if any(p.numel() >= 2**31 for p in packed.planes):
         raise ValueError(
             f"weight planes over 2 GiB are not supported (the kernels use int32 offsets): ({n}, {k})"
@@ -139,9 +144,9 @@ def quant_matvec(
     tensors, strides = _kernel_args(packed)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     kernel[grid](
-        x, y, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
+        x, y, y if bias is None else bias, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, num_warps=cfg.num_warps,
+        SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps,
     )  # fmt: skip
     if cfg.split_k > 1:
         out.copy_(y.sum(0))

@@ -68,13 +68,14 @@ class QuantLinear(nn.Module):
 
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] <= MAX_M:
-            y = quant_matvec(flat, self.packed, self.qtype, self.out_features, self.in_features)
+            n, k = self.out_features, self.in_features
+            y = quant_matvec(flat, self.packed, self.qtype, n, k, bias=self.bias)
         else:
             from strata.kernels.quant_matmul import quant_matmul
 
             y = quant_matmul(flat, self.packed)
-        if self.bias is not None:
-            y = y + self.bias
+            if self.bias is not None:
+                y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
