@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,18 +30,21 @@ class QuantLinear(nn.Module):
 
     def __init__(
         self,
-        qweight: torch.Tensor,
+        qweight: torch.Tensor | PackedQuantWeight,
         qtype: GGMLQuantizationType,
         shape: tuple[int, int],
         place: Placement,
         bias: torch.Tensor | None = None,
     ) -> None:
+        """`qweight`: the stored GGUF bytes, or a weight already packed for the kernels."""
         super().__init__()
         self.qtype = qtype
         self.out_features, self.in_features = shape
         self.packed: PackedQuantWeight | None = None
         self.weight: nn.Parameter | None = None
-        if place.kernels and _has_kernel(qtype):
+        if not isinstance(qweight, torch.Tensor):
+            self.packed = qweight
+        elif place.kernels and _has_kernel(qtype):
             from strata.kernels.quant_pack import pack_quant_weight
 
             self.packed = pack_quant_weight(qweight.to(place.device), qtype, *shape)
@@ -82,6 +86,72 @@ class QuantLinear(nn.Module):
         path = "fused kernels" if self.packed is not None else "dense"
         bias = self.bias is not None
         return f"{self.in_features} -> {self.out_features}, {self.qtype.name}, {path}, bias={bias}"
+
+
+def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
+    """One packed layer whose output is the layers' outputs side by side: their planes stacked by rows
+    (the same bytes), biases concatenated (zeros for a layer without one). All must be packed, of one
+    quant type and input size."""
+    first = layers[0]
+    if any(x.packed is None or x.qtype != first.qtype or x.in_features != first.in_features for x in layers):
+        raise ValueError("stack_rows needs packed layers of one quant type and input size")
+    from strata.kernels.quant_pack import PackedQuantWeight
+
+    parts = [x.packed for x in layers if x.packed is not None]
+    planes = tuple(torch.cat(group) for group in zip(*(p.planes for p in parts), strict=True))
+    n = sum(x.out_features for x in layers)
+    packed = PackedQuantWeight(first.qtype, n, first.in_features, planes)
+    bias = None
+    if any(x.bias is not None for x in layers):
+        zeros = [torch.zeros(x.out_features, device=place.device) for x in layers]
+        bias = torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
+    return QuantLinear(packed, first.qtype, (n, first.in_features), place, bias)
+
+
+class Projections(nn.Module):
+    """Several projections of one input (q, k, v; gate, up), returned in order.
+
+    On the kernel path each run of neighbours that share a quant type becomes one layer over their
+    stacked rows, so one matvec launch reads them all (and a wider one keeps more SMs busy); the
+    outputs are column views of its result. Parts are named by the GGUF names they hold, joined by +.
+    """
+
+    def __init__(self, layers: dict[str, QuantLinear], place: Placement) -> None:
+        super().__init__()
+        runs: list[list[str]] = []
+        for name, layer in layers.items():
+            prev = layers[runs[-1][-1]] if runs else None
+            if place.kernels and prev is not None and _stackable(prev, layer):
+                runs[-1].append(name)
+            else:
+                runs.append([name])
+        parts = {}
+        for run in runs:
+            group = [layers[n] for n in run]
+            parts["+".join(run)] = group[0] if len(group) == 1 else stack_rows(group, place)
+        self.parts = nn.ModuleDict(parts)
+        self.sizes = [[layers[n].out_features for n in r] for r in runs]
+
+    @classmethod
+    def load(cls, gguf: GGUFFile, prefix: str, names: Sequence[str], place: Placement) -> Projections:
+        """The layers `prefix.name` of the file, for each name in order."""
+        return cls({n: QuantLinear.load(gguf, f"{prefix}.{n}", place) for n in names}, place)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outs: list[torch.Tensor] = []
+        for part, sizes in zip(self.parts.values(), self.sizes, strict=True):
+            y = part(x)
+            outs.extend(y.split(sizes, dim=-1) if len(sizes) > 1 else (y,))
+        return outs
+
+
+def _stackable(a: QuantLinear, b: QuantLinear) -> bool:
+    return (
+        a.packed is not None
+        and b.packed is not None
+        and a.qtype == b.qtype
+        and a.in_features == b.in_features
+    )
 
 
 def _has_kernel(qtype: GGMLQuantizationType) -> bool:

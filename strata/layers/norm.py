@@ -28,9 +28,13 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * self.weight).to(x.dtype)
 
-    def add_and_norm(self, delta: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(residual + delta), residual + delta): a block's residual add and the next norm, in one
-        pass on the kernel path (which updates `residual` in place and returns it)."""
+    def add_and_norm(
+        self, delta: torch.Tensor | None, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + delta), residual + delta): a residual add and the norm after it, in one
+        pass on the kernel path (which updates `residual` in place and returns it). No delta: no add."""
+        if delta is None:
+            return self(residual), residual
         if self.fused:
             from strata.kernels.rms_norm import rms_norm
 

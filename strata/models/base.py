@@ -40,10 +40,10 @@ class DecoderModel(nn.Module):
 
     def forward(self, ids: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         """(num_tokens,) ids -> (num_tokens, hidden) final hidden states, K/V written into `kv`."""
-        x = self.token_embd(ids)
+        x, delta = self.token_embd(ids), None
         for block in self.blk:
-            x = block(x, kv, meta)
-        return self.output_norm(x)
+            x, delta = block(x, delta, kv, meta)
+        return self.output_norm.add_and_norm(delta, x)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, hidden) -> (n, vocab) float32 logits; callers pick the rows they need first."""

@@ -10,7 +10,7 @@ from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.layers.activation import gated
 from strata.layers.attention import Attention
-from strata.layers.linear import QuantLinear
+from strata.layers.linear import Projections, QuantLinear
 from strata.layers.norm import RMSNorm
 from strata.layers.placement import Placement
 from strata.layers.rotary import RotaryEmbedding
@@ -25,16 +25,13 @@ class Gemma3Block(nn.Module):
         p, eps = f"blk.{layer}", spec.rms_eps
         self.spec = spec
         self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", eps, place.kernels)
-        self.attn_q = QuantLinear.load(gguf, f"{p}.attn_q", place)
-        self.attn_k = QuantLinear.load(gguf, f"{p}.attn_k", place)
-        self.attn_v = QuantLinear.load(gguf, f"{p}.attn_v", place)
+        self.qkv_proj = Projections.load(gguf, p, ("attn_q", "attn_k", "attn_v"), place)
         self.attn_q_norm = RMSNorm(gguf, f"{p}.attn_q_norm", eps, place.kernels)
         self.attn_k_norm = RMSNorm(gguf, f"{p}.attn_k_norm", eps, place.kernels)
         self.attn_output = QuantLinear.load(gguf, f"{p}.attn_output", place)
         self.post_attention_norm = RMSNorm(gguf, f"{p}.post_attention_norm", eps, place.kernels)
         self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", eps, place.kernels)
-        self.ffn_gate = QuantLinear.load(gguf, f"{p}.ffn_gate", place)
-        self.ffn_up = QuantLinear.load(gguf, f"{p}.ffn_up", place)
+        self.gate_up = Projections.load(gguf, p, ("ffn_gate", "ffn_up"), place)
         self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
         self.post_ffw_norm = RMSNorm(gguf, f"{p}.post_ffw_norm", eps, place.kernels)
         sliding = spec.is_sliding(layer)
@@ -48,16 +45,20 @@ class Gemma3Block(nn.Module):
         )
         self.fused = place.kernels
 
-    def forward(self, x: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, delta: torch.Tensor | None, kv: KVCache, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x + delta in, x + delta out, as `LlamaBlock.forward`."""
         n, s = x.shape[0], self.spec
-        h = self.attn_norm(x)
-        q = self.attn_q_norm(self.attn_q(h).view(n, s.num_heads, s.head_dim))
-        k = self.attn_k_norm(self.attn_k(h).view(n, s.num_kv_heads, s.head_dim))
-        v = self.attn_v(h).view(n, s.num_kv_heads, s.head_dim)
+        h, x = self.attn_norm.add_and_norm(delta, x)
+        q, k, v = self.qkv_proj(h)
+        q = self.attn_q_norm(q.view(n, s.num_heads, s.head_dim))
+        k = self.attn_k_norm(k.view(n, s.num_kv_heads, s.head_dim))
+        v = v.view(n, s.num_kv_heads, s.head_dim)
         attn = self.post_attention_norm(self.attn_output(self.attn(q, k, v, kv, meta)))
         h, x = self.ffn_norm.add_and_norm(attn, x)
-        ffn = self.ffn_down(gated("gelu_tanh", self.ffn_gate(h), self.ffn_up(h), self.fused))
-        return x + self.post_ffw_norm(ffn)
+        gate, up = self.gate_up(h)
+        return x, self.post_ffw_norm(self.ffn_down(gated("gelu_tanh", gate, up, self.fused)))
 
 
 class Gemma3Model(DecoderModel):

@@ -10,7 +10,7 @@ from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.layers.activation import gated
 from strata.layers.attention import Attention
-from strata.layers.linear import QuantLinear
+from strata.layers.linear import Projections, QuantLinear
 from strata.layers.norm import RMSNorm
 from strata.layers.placement import Placement
 from strata.layers.rotary import RotaryEmbedding
@@ -28,13 +28,10 @@ class LlamaBlock(nn.Module):
         p = f"blk.{layer}"
         self.spec = spec
         self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", spec.rms_eps, place.kernels)
-        self.attn_q = QuantLinear.load(gguf, f"{p}.attn_q", place)
-        self.attn_k = QuantLinear.load(gguf, f"{p}.attn_k", place)
-        self.attn_v = QuantLinear.load(gguf, f"{p}.attn_v", place)
+        self.qkv_proj = Projections.load(gguf, p, ("attn_q", "attn_k", "attn_v"), place)
         self.attn_output = QuantLinear.load(gguf, f"{p}.attn_output", place)
         self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", spec.rms_eps, place.kernels)
-        self.ffn_gate = QuantLinear.load(gguf, f"{p}.ffn_gate", place)
-        self.ffn_up = QuantLinear.load(gguf, f"{p}.ffn_up", place)
+        self.gate_up = Projections.load(gguf, p, ("ffn_gate", "ffn_up"), place)
         self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
         rotary = RotaryEmbedding(spec.rope_dim, spec.rope_base, spec.rope_layout, spec.rope_scale)
         self.attn = Attention(
@@ -45,15 +42,23 @@ class LlamaBlock(nn.Module):
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(num_tokens, hidden) -> q (tokens, heads, dim), k and v (tokens, kv_heads, dim), not rotated."""
         n, s = h.shape[0], self.spec
-        q = self.attn_q(h).view(n, s.num_heads, s.head_dim)
-        k = self.attn_k(h).view(n, s.num_kv_heads, s.head_dim)
-        v = self.attn_v(h).view(n, s.num_kv_heads, s.head_dim)
-        return q, k, v
+        q, k, v = self.qkv_proj(h)
+        return (
+            q.view(n, s.num_heads, s.head_dim),
+            k.view(n, s.num_kv_heads, -1),
+            v.view(n, s.num_kv_heads, -1),
+        )
 
-    def forward(self, x: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv(self.attn_norm(x))
+    def forward(
+        self, x: torch.Tensor, delta: torch.Tensor | None, kv: KVCache, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stream comes in and goes out as x + delta (delta None before the first block), so each
+        residual add is fused into the norm that follows it."""
+        h, x = self.attn_norm.add_and_norm(delta, x)
+        q, k, v = self.qkv(h)
         h, x = self.ffn_norm.add_and_norm(self.attn_output(self.attn(q, k, v, kv, meta)), x)
-        return x + self.ffn_down(gated("silu", self.ffn_gate(h), self.ffn_up(h), self.fused))
+        gate, up = self.gate_up(h)
+        return x, self.ffn_down(gated("silu", gate, up, self.fused))
 
 
 class LlamaModel(DecoderModel):

@@ -19,11 +19,8 @@ class Qwen3Block(LlamaBlock):
         self.attn_k_norm = RMSNorm(gguf, f"blk.{layer}.attn_k_norm", spec.rms_eps, place.kernels)
 
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n, s = h.shape[0], self.spec
-        q = self.attn_q_norm(self.attn_q(h).view(n, s.num_heads, s.head_dim))
-        k = self.attn_k_norm(self.attn_k(h).view(n, s.num_kv_heads, s.head_dim))
-        v = self.attn_v(h).view(n, s.num_kv_heads, s.head_dim)
-        return q, k, v
+        q, k, v = super().qkv(h)
+        return self.attn_q_norm(q), self.attn_k_norm(k), v
 
 
 class Qwen3Model(LlamaModel):
