@@ -139,12 +139,40 @@ def measure(
             "ratio": value / peer if peer else None}  # fmt: skip
 
 
+def profile_decode(folder: Path, short: str, out: Path | None) -> None:
+    """Kernel time per decode step, eager (no graphs) so the profiler sees each launch: the sum of
+    GPU time per step is what a captured graph cannot go below."""
+    path = synth(f"qwen2.5-{short}", folder)
+    run = runner(path, "cuda", "bfloat16", graphs=False)
+    workload = Workload("decode", prompt_len=8, new_tokens=32)
+    prompts = prompts_for(path, workload)
+    run.run(workload, prompts)
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        run.run(workload, prompts)
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    steps = workload.new_tokens + 1
+    total = sum(e.device_time_total for e in events) / steps
+    launches = sum(e.count for e in events) / steps
+    lines = [f"{short}: {total:,.0f} us of kernels and {launches:,.0f} launches per step (33 steps)"]
+    lines += [
+        f"  {e.device_time_total / steps:8.1f} us {e.count / steps:6.1f}x  {e.key[:90]}" for e in events[:14]
+    ]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"profile_{short}.txt").write_text(text + "\n\n" + prof.key_averages().table(row_limit=60))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layouts", default="0.5b,1.5b,7b")
     p.add_argument("--cases", default="decode,prefill,long,batch")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-parity", action="store_true")
+    p.add_argument("--profile", default="", help="layouts whose eager decode step is profiled, e.g. 0.5b,7b")
     p.add_argument("--folder", type=Path, default=Path("/tmp/strata-synth"))
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = p.parse_args()
@@ -155,6 +183,11 @@ def main() -> int:
         checks = [] if args.skip_parity else parity(args.folder)
     except Exception:  # still time the cases: the failure is reported and the exit status is 1
         traceback.print_exc()
+    for short in filter(None, args.profile.split(",")):
+        try:
+            profile_decode(args.folder, short, args.out)
+        except Exception:
+            traceback.print_exc()
     rows = speed(args.folder, args.layouts.split(","), args.cases.split(","), args.repeats)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
