@@ -69,8 +69,12 @@ class LLMEngine:
         self.context_length = model.spec.context_length
         self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
+        # No graph larger than the smallest one that holds the scheduler's whole batch.
+        limit = config.scheduler.max_num_seqs
+        sizes = sorted(config.graph_batch_sizes)
+        sizes = [b for b in sizes if b < limit] + [next((b for b in sizes if b >= limit), sizes[-1])]
         self.runner = ModelRunner(
-            model, config.num_blocks, config.block_size, config.cuda_graphs, config.graph_batch_sizes
+            model, config.num_blocks, config.block_size, config.cuda_graphs, tuple(sizes)
         )
         self._live: dict[str, _Live] = {}
         self._aborted: set[str] = set()
