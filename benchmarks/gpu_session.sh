@@ -9,8 +9,9 @@ OUT=${OUT:-/tmp/strata-out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null
-timeout 200 python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_kernels_*.py \
-    tests/test_model_kernel_path.py >"$OUT/pytest.txt" 2>&1
+tests="tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tests/test_kernels_fused.py
+    tests/test_kernels_paged_attention.py tests/test_model_kernel_path.py"
+timeout 200 python3 -m pytest -q --noconftest -p no:cacheprovider $tests >"$OUT/pytest.txt" 2>&1
 echo "kernel tests: $(tail -1 "$OUT/pytest.txt")"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -20
 python3 benchmarks/gpu_engine.py --profile 0.5b,7b "$@" 2>&1 | grep -v Warning | tee "$OUT/engine.txt"
