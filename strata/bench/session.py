@@ -37,11 +37,8 @@ class BenchConfig:
     argv: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.device != "cpu":
-            raise ValueError(
-                f"--device {self.device}: strata has no GPU path yet, so there is nothing to time there; "
-                "use --device cpu"
-            )
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device {self.device}: choose cpu or cuda")
         if self.threads < 1 or self.warmup < 0:
             raise ValueError(
                 f"threads ({self.threads}) must be at least 1 and warmup ({self.warmup}) 0 or more"

@@ -92,4 +92,3 @@ def pack_quant_weight(
             plane = plane.clone(memory_format=torch.contiguous_format)
         planes.append(plane.view(dtype).reshape(n, -1))
     return PackedQuantWeight(qtype, n, k, tuple(planes))
-

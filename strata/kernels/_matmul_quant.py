@@ -1,0 +1,170 @@
+"""Fused dequant + tensor-core matmul kernel for the GGUF types of `quant_pack` (prefill, batched decode).
+
+y[m, n] = sum_k x[m, k] * w[n, k]: a program owns a (BLOCK_M, BLOCK_N) tile of y and walks K in
+BLOCK_K steps. Each step decodes a (BLOCK_N, BLOCK_K) tile of W from the planes in registers, rounds
+it to x's dtype and feeds it to `tl.dot` with fp32 accumulation. The decoded values are the float32
+values of `strata.quant.dequantize`, computed in the same order (d * sc, then * q, then - dmin * mn);
+the launcher turns off FMA contraction so that the compiler keeps those roundings. Rounding them to
+fp16/bf16 before the dot is the intended semantic (dequantize, cast, matmul); fp32 x keeps them fp32.
+
+Every type is decoded in groups of 16 elements (16 consecutive elements share one scale in all five
+types, and their quants sit in 16 consecutive bytes of one plane), so a tile is viewed as
+(BLOCK_N, BLOCK_K // 16, 16) with the group's scale broadcast along the last axis and 16-byte loads.
+
+SWAP_AB computes y^T = W x^T instead: the decoded W tile is then the dot's first operand (the one
+Hopper's wgmma may read from registers) and a small M becomes the instruction's narrow N side
+(BLOCK_M >= 16 either way, tl.dot's minimum); benchmarks/gpu_matmul.py times both orders.
+"""
+
+import triton
+import triton.language as tl
+
+from strata.kernels._bits import exact_float
+from strata.kernels._matvec_kquant import _q4_k_scale_min
+
+# Static ids of the types (the GGML enum values) so the kernel can branch on a constexpr.
+Q4_0: tl.constexpr = tl.constexpr(2)
+Q5_0: tl.constexpr = tl.constexpr(6)
+Q8_0: tl.constexpr = tl.constexpr(8)
+Q4_K: tl.constexpr = tl.constexpr(12)
+Q6_K: tl.constexpr = tl.constexpr(14)
+
+
+@triton.jit
+def _group_scales(QTYPE: tl.constexpr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s0, s1, s2, s3):
+    """(mul, sub) of every (row, group), each (BLOCK_N, NT, 1) float32: the group decodes to mul * q - sub
+    (sub is only read for Q4_K; the other types return mul twice)."""
+    if QTYPE == Q4_K:
+        # Super-block t // 16 (144 bytes at hdr: d, dmin, 12 scale bytes); group t is in sub-block
+        # j = (t % 16) // 2.
+        hdr = r3 * s0 + (t3 // 16) * 144
+        sc, mn = _q4_k_scale_min(p0_ptr, hdr, (t3 % 16) // 2)
+        mul = tl.load(p1_ptr + hdr // 2).to(tl.float32) * sc
+        sub = tl.load(p1_ptr + hdr // 2 + 1).to(tl.float32) * mn
+    elif QTYPE == Q6_K:
+        # The int8 scale of group t times the super-block's d.
+        d = tl.load(p3_ptr + r3 * s3 + t3 // 16).to(tl.float32)
+        mul = d * tl.load(p2_ptr + r3 * s2 + t3).to(tl.float32)
+        sub = mul
+    else:
+        # The fp16 d of block t // 2 (the last plane: p2 for Q5_0, p1 for Q8_0 and Q4_0).
+        if QTYPE == Q5_0:
+            mul = tl.load(p2_ptr + r3 * s2 + t3 // 2).to(tl.float32)
+        else:
+            mul = tl.load(p1_ptr + r3 * s1 + t3 // 2).to(tl.float32)
+        sub = mul
+    return mul, sub
+
+
+@triton.jit
+def _legacy_nibbles(qs_ptr, r3, t3, i3, s0):
+    # Block t // 2 holds element i in byte i's low nibble and 16 + i in its high one.
+    q = tl.load(qs_ptr + r3 * s0 + (t3 // 2) * 16 + i3).to(tl.int32)
+    return (q >> (4 * (t3 % 2))) & 15
+
+
+@triton.jit
+def _group_quants(QTYPE: tl.constexpr, p0_ptr, p1_ptr, r3, t3, i3, s0, s1):
+    """Every (row, group)'s quants as exact float32 integers less the type's offset, (BLOCK_N, NT, 16)."""
+    if QTYPE == Q8_0:
+        # Group t is bytes 16t..16t+15 of the int8 quants; q + 128 = the byte with its sign bit flipped.
+        q = tl.load(p0_ptr + r3 * s0 + t3 * 16 + i3)
+        w = exact_float(q.to(tl.int32) ^ 0x80, 128)
+    elif QTYPE == Q4_0:
+        w = exact_float(_legacy_nibbles(p0_ptr, r3, t3, i3, s0), 8)
+    elif QTYPE == Q5_0:
+        # Bit j of block t // 2's uint32 qh is bit 4 of element j.
+        qh = tl.load(p1_ptr + r3 * s1 + t3 // 2)
+        q = _legacy_nibbles(p0_ptr, r3, t3, i3, s0) | (((qh >> (16 * (t3 % 2) + i3)) & 1) << 4)
+        w = exact_float(q, 16)
+    elif QTYPE == Q4_K:
+        # Sub-block j = (t % 16) // 2 is the low (j even) or high nibbles of the 32 quant bytes at
+        # 16 + 32 * (j // 2) of the super-block.
+        j = (t3 % 16) // 2
+        byte = (t3 // 16) * 144 + 16 + (j // 2) * 32 + (t3 % 2) * 16
+        q = tl.load(p0_ptr + r3 * s0 + byte + i3).to(tl.int32)
+        w = exact_float((q >> (4 * (j % 2))) & 15, 0)
+    else:
+        # Q6_K, half g = t // 8 of a super-block: element 32s + i (s = 0..3) takes its low 4 bits from
+        # ql byte 64g + 32(s % 2) + i (low nibble for s < 2) and its high 2 bits from bits 2s, 2s + 1
+        # of qh byte 32g + i.
+        g = t3 // 8
+        s = (t3 % 8) // 2
+        i = (t3 % 2) * 16 + i3
+        ql = tl.load(p0_ptr + r3 * s0 + g * 64 + (s % 2) * 32 + i).to(tl.int32)
+        qh = tl.load(p1_ptr + r3 * s1 + g * 32 + i).to(tl.int32)
+        w = exact_float(((ql >> (4 * (s // 2))) & 15) | (((qh >> (2 * s)) & 3) << 4), 32)
+    return w
+
+
+@triton.jit
+def _bf16_in_f32(v):
+    """v rounded to the nearest bf16 (ties to even), kept as float32; finite v only."""
+    u = v.to(tl.int32, bitcast=True)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & -65536
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def quant_matmul_kernel(
+    x_ptr, y_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+    M, N, K,
+    stride_xm, stride_ym, s0, s1, s2, s3,
+    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr, BF16_AS_F32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    # Grouped order: GROUP_M row tiles sweep the N tiles together, so their W tiles stay in L2.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Clamped rows load valid data; only the store is masked, so the loads need no row mask.
+    x_rows = x_ptr + tl.minimum(rm, M - 1).to(tl.int64)[:, None] * stride_xm
+    rc = tl.minimum(rn, N - 1)
+    NT: tl.constexpr = BLOCK_K // 16
+    last_group = K // 16 - 1
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), tl.float32)
+    r3 = rc[:, None, None]
+    i3 = tl.arange(0, 16)[None, None, :]
+    groups = tl.arange(0, NT)[None, :, None]
+    # The scales are 1- and 2-byte loads, which Triton's pipeliner leaves in the loop (cp.async moves
+    # 4 bytes or more), so they are loaded one step ahead by hand. (On an H200 this changed little:
+    # decoding, not load latency, is what limits the kernel.)
+    t_first = tl.minimum(groups, last_group)
+    mul, sub = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_first, s0, s1, s2, s3)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        t3 = k0 // 16 + groups
+        if EVEN_K:
+            xt = tl.load(x_rows + kk[None, :])
+        else:
+            # Groups past K repeat the last one (finite, valid bytes) and meet x = 0.
+            xt = tl.load(x_rows + kk[None, :], mask=kk[None, :] < K, other=0)
+            t3 = tl.minimum(t3, last_group)
+        q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
+        t_next = tl.minimum(k0 // 16 + NT + groups, last_group)
+        mul_next, sub_next = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_next, s0, s1, s2, s3)
+        w = mul * q - sub if QTYPE == Q4_K else mul * q
+        mul, sub = mul_next, sub_next
+        w = tl.reshape(w, (BLOCK_N, BLOCK_K))
+        if BF16_AS_F32:
+            xt = xt.to(tl.float32)
+            w = _bf16_in_f32(w)
+        else:
+            w = w.to(x_ptr.dtype.element_ty)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(xt), acc, input_precision=PRECISION)
+        else:
+            acc = tl.dot(xt, tl.trans(w), acc, input_precision=PRECISION)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
