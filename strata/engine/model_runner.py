@@ -113,7 +113,9 @@ class ModelRunner:
             block_tables=torch.tensor(tables, dtype=torch.int32, device=self.device),
             context_lens=torch.tensor([p + 1 for p in positions], dtype=torch.int32, device=self.device),
             block_size=self.block_size,
-            max_context_len=max(positions) + 1,
+            # The captured graphs' bound, so attention splits the same way with or without a graph
+            # and a step's result never depends on whether its batch fit one.
+            max_context_len=self.max_blocks * self.block_size,
         )
         meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
