@@ -19,13 +19,21 @@ if TYPE_CHECKING:
     from strata.kernels.quant_pack import PackedQuantWeight
 
 
+# From this many rows on, the kernel path dequantizes the weight to the activation dtype and lets
+# cuBLAS multiply: on an H200 the fused dequant + tl.dot kernel ran at 0.15-0.6x of cuBLAS on a dense
+# weight, and the dequantization costs about one extra pass over a bf16 copy (benchmarks/gpu_matmul.py,
+# benchmarks/notes/gpu_engine.md). Below it the fused kernel saves that pass.
+DENSE_FROM_ROWS = 64
+
+
 class QuantLinear(nn.Module):
     """y = x W^T + b, W read from GGUF bytes.
 
     On the reference path W is dequantized once, at build time, into the compute dtype, and every
     call is a dense matmul. On the kernel path W stays in its GGUF blocks on the device (regrouped
     into aligned planes, the same bytes): up to `MAX_M` rows go through the fused dequant matvec,
-    more rows through the fused dequant matmul. Types without a fused kernel keep a dense weight.
+    more through the fused dequant matmul, and from `DENSE_FROM_ROWS` rows on the weight is
+    dequantized on the fly for cuBLAS. Types without a fused kernel keep a dense weight.
     """
 
     def __init__(
@@ -74,12 +82,16 @@ class QuantLinear(nn.Module):
         if flat.shape[0] <= MAX_M:
             n, k = self.out_features, self.in_features
             y = quant_matvec(flat, self.packed, self.qtype, n, k, bias=self.bias)
-        else:
+        elif flat.shape[0] < DENSE_FROM_ROWS:
             from strata.kernels.quant_matmul import quant_matmul
 
             y = quant_matmul(flat, self.packed)
             if self.bias is not None:
                 y = y + self.bias
+        else:
+            from strata.kernels.dequant_packed import dequantize_packed
+
+            y = F.linear(flat, dequantize_packed(self.packed, flat.dtype), self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

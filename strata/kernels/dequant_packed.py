@@ -1,0 +1,88 @@
+"""Dequantize a packed GGUF weight to a dense fp16 / bf16 / fp32 matrix on the device.
+
+For many rows (long prefills, wide batches) a matmul is compute-bound, and cuBLAS on a dense weight
+runs the tensor cores far better than the fused dequant + tl.dot kernel does (benchmarks/gpu_matmul.py:
+0.15-0.6x of cuBLAS there): writing the dense weight once costs about as much as reading it twice,
+which is small next to the matmul at a few hundred rows. The decoding is the fused matmul's own
+(`_group_scales`, `_group_quants`, in 16-element groups), so the values are bit-equal to
+`strata.quant.dequantize` before the final rounding to the output dtype.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels._matmul_quant import Q4_K, _bf16_in_f32, _group_quants, _group_scales
+from strata.kernels.quant_matmul import MATMUL_TYPES, _kernel_args
+from strata.kernels.quant_pack import PackedQuantWeight
+
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _dequant_kernel(
+    out_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+    N, K, stride_out, s0, s1, s2, s3,
+    QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rc = tl.minimum(rn, N - 1)
+    NT: tl.constexpr = BLOCK_K // 16
+    # Groups past K repeat the last one (valid bytes); their elements are not stored.
+    t3 = tl.minimum(tl.program_id(1) * NT + tl.arange(0, NT), K // 16 - 1)[None, :, None]
+    r3 = rc[:, None, None]
+    i3 = tl.arange(0, 16)[None, None, :]
+    mul, sub = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s0, s1, s2, s3)
+    q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
+    w = tl.reshape(mul * q - sub if QTYPE == Q4_K else mul * q, (BLOCK_N, BLOCK_K))
+    if ROUND_BF16:
+        w = _bf16_in_f32(w)
+    kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ptrs = out_ptr + rn.to(tl.int64)[:, None] * stride_out + kk[None, :]
+    tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=(rn[:, None] < N) & (kk[None, :] < K))
+
+
+def dequantize_packed(
+    w: PackedQuantWeight,
+    dtype: torch.dtype,
+    *,
+    out: torch.Tensor | None = None,
+    block_n: int = 32,
+    block_k: int = 256,
+) -> torch.Tensor:
+    """The (n, k) weight in `dtype`: strata.quant.dequantize's float32 values rounded once to `dtype`.
+
+    `out`, when given, is a contiguous-row (n, k) tensor of `dtype` on the weight's device, written in
+    place. No host-device sync: capturable in a CUDA graph.
+    """
+    if not isinstance(w, PackedQuantWeight):
+        raise TypeError(f"w must be a PackedQuantWeight from pack_quant_weight, got {type(w).__name__}")
+    if w.qtype not in MATMUL_TYPES:
+        supported = ", ".join(t.name for t in sorted(MATMUL_TYPES))
+        raise ValueError(f"no packed dequantization for GGML type {w.qtype.name}; supported: {supported}")
+    if dtype not in _OUT_DTYPES:
+        raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+    if block_n < 1 or block_n & (block_n - 1) or block_k < 16 or block_k & (block_k - 1):
+        raise ValueError(f"block_n must be a power of two and block_k one >= 16, got {block_n}, {block_k}")
+    if out is None:
+        out = torch.empty(w.n, w.k, dtype=dtype, device=w.device)
+    elif out.shape != (w.n, w.k) or out.dtype != dtype or out.stride(1) != 1 or out.device != w.device:
+        raise ValueError(
+            f"out must be a ({w.n}, {w.k}) {dtype} tensor on {w.device} with contiguous rows, "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    planes, strides = _kernel_args(w)
+    grid = (triton.cdiv(w.n, block_n), triton.cdiv(w.k, block_k))
+    _dequant_kernel[grid](
+        out, *planes, w.n, w.k, out.stride(0), *strides,
+        QTYPE=int(w.qtype), BLOCK_N=block_n, BLOCK_K=block_k,
+        # Triton's interpreter truncates fp32 -> bf16 casts; round to nearest even by hand there.
+        ROUND_BF16=dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
+        # No FMA contraction: d * q - dmin * mn must round as dequantize rounds it.
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    return out

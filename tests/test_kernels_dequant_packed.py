@@ -1,0 +1,60 @@
+"""`dequantize_packed` against strata.quant.dequantize: bit-equal after rounding to the output dtype.
+
+Runs in Triton's interpreter without CUDA (small shapes), compiled with CUDA (plus a model shape).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
+
+pytest.importorskip("triton")
+
+from strata.kernels.dequant_packed import dequantize_packed  # noqa: E402
+from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
+from strata.quant import dequantize  # noqa: E402
+from tests.test_kernels_quant_matvec import DEVICE, random_weight  # noqa: E402
+
+T = GGMLQuantizationType
+TYPES = [T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_K, T.Q6_K]
+
+
+def _check(qtype: GGMLQuantizationType, n: int, blocks: int, dtype: torch.dtype, **tiles: int) -> None:
+    k = GGML_QUANT_SIZES[qtype][0] * blocks
+    raw = random_weight(qtype, n, k, seed=n * 31 + blocks)
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k)
+    out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
+    got = dequantize_packed(packed, dtype, out=out, **tiles)
+    assert got is out
+    want = dequantize(raw, qtype, (n, k)).to(dtype)
+    assert torch.equal(got.cpu(), want), f"{qtype.name} {dtype}: values differ from dequantize"
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_bit_equal_to_dequantize(qtype: GGMLQuantizationType, dtype: torch.dtype) -> None:
+    # 37 rows and K of 3 blocks: partial row and column tiles (block_k 64 does not divide 96 or 768).
+    _check(qtype, 37, 3, dtype, block_n=16, block_k=64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="model-sized weights run only on CUDA")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0], ids=lambda t: t.name)
+def test_model_shape_cuda(qtype: GGMLQuantizationType) -> None:
+    _check(qtype, 4864, 3584 // GGML_QUANT_SIZES[qtype][0], torch.bfloat16)
+
+
+def test_errors_name_the_problem() -> None:
+    packed = pack_quant_weight(random_weight(T.Q8_0, 4, 64, seed=1).to(DEVICE), T.Q8_0, 4, 64)
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
+        dequantize_packed(packed, torch.float64)
+    with pytest.raises(ValueError, match=r"out must be a \(4, 64\)"):
+        dequantize_packed(packed, torch.float32, out=torch.empty(4, 32, device=DEVICE))
+    with pytest.raises(TypeError, match="PackedQuantWeight"):
+        dequantize_packed(torch.empty(4), torch.float32)  # type: ignore[arg-type]
