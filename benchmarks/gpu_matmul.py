@@ -11,8 +11,8 @@ first checked against the weight dequantized to bf16 then torch.matmul in fp32 (
 |ref|, fresh random inputs, output poisoned with NaN); a failing config is not timed. Then
 `triton.testing.do_bench` (median) times it against two baselines: torch.matmul on the weight
 dequantized once to bf16 (the speed of light for an unfused path), and "dequantize then matmul" per
-call (strata.quant.dequantize on the weight's CUDA bytes, .to(bf16), torch.matmul), the path a layer
-without a fused kernel would take. For M <= 16 the fused matvec is timed too. Prints a markdown table
+call (strata.kernels.dequant_packed to bf16, then cuBLAS), the path QuantLinear takes from
+DENSE_FROM_ROWS rows on. For M <= 16 the fused matvec is timed too. Prints a markdown table
 (TFLOP/s = 2 M N K / time). Exit status 1 if any check failed.
 """
 
@@ -35,9 +35,10 @@ import torch.nn.functional as F
 import triton
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from strata.kernels.dequant_packed import dequantize_packed
 from strata.kernels.quant_matmul import MatmulConfig, default_config, quant_matmul
 from strata.kernels.quant_matvec import quant_matvec
-from strata.kernels.quant_pack import pack_quant_weight
+from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 from strata.quant import dequantize
 
 T = GGMLQuantizationType
@@ -128,10 +129,9 @@ def bench_us(fn: Callable[[], object], small: bool) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
 
 
-def dequant_matmul(
-    x: torch.Tensor, raw: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int
-) -> torch.Tensor:
-    return F.linear(x, dequantize(raw, qtype, (n, k)).to(torch.bfloat16))
+def dequant_matmul(x: torch.Tensor, packed: PackedQuantWeight) -> torch.Tensor:
+    """QuantLinear's path from DENSE_FROM_ROWS rows on: the Triton decode to bf16, then cuBLAS."""
+    return F.linear(x, dequantize_packed(packed, torch.bfloat16))
 
 
 def run_case(name: str, n: int, k: int, qtype: GGMLQuantizationType, env: Env) -> list[Row]:
@@ -152,7 +152,7 @@ def run_case(name: str, n: int, k: int, qtype: GGMLQuantizationType, env: Env) -
         ref = x.float() @ w16.float().T
         ref_max = ref.abs().max().item()
         base_us = bench_us(partial(F.linear, x, w16), env.small)
-        deq_us = math.nan if deq_note else bench_us(partial(dequant_matmul, x, raw, qtype, n, k), env.small)
+        deq_us = bench_us(partial(dequant_matmul, x, packed), env.small)
         matvec_us = math.nan
         if m <= 16:
             matvec_us = bench_us(partial(quant_matvec, x, packed, qtype, n, k), env.small)

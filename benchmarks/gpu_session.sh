@@ -10,7 +10,8 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null
 tests="tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tests/test_kernels_fused.py
-    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill_attention.py tests/test_model_kernel_path.py"
+    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill_attention.py tests/test_kernels_dequant_packed.py
+    tests/test_model_kernel_path.py"
 [ -n "${SKIP_TESTS:-}" ] || timeout 120 python3 -m pytest -q --noconftest -p no:cacheprovider $tests >"$OUT/pytest.txt" 2>&1
 [ -n "${SKIP_TESTS:-}" ] || echo "kernel tests: $(tail -1 "$OUT/pytest.txt")"
 [ -n "${SKIP_TESTS:-}" ] || grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -20
