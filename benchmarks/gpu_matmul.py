@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 if "--small" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -33,7 +34,7 @@ if "--small" in sys.argv:
 import torch
 import torch.nn.functional as F
 import triton
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
 from strata.kernels.dequant_packed import dequantize_packed
 from strata.kernels.quant_matmul import MatmulConfig, default_config, quant_matmul
@@ -41,8 +42,10 @@ from strata.kernels.quant_matvec import quant_matvec
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 from strata.quant import dequantize
 
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_kernels import random_weight  # noqa: E402  (the same random GGUF bytes as the kernel sweep)
+
 T = GGMLQuantizationType
-SCALE_OFFSETS = {T.Q8_0: (0,), T.Q5_0: (0,), T.Q4_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
 # (name, n, k, types): Qwen2.5-0.5B and Qwen2.5-7B projections.
 SHAPES = [
     ("0.5b ffn_up", 4864, 896, (T.Q5_0, T.Q8_0)),
@@ -104,21 +107,6 @@ def configs(qtype: GGMLQuantizationType, m: int, n: int, k: int) -> list[MatmulC
 def cfg_name(c: MatmulConfig) -> str:
     swap = " swap" if c.swap_ab else ""
     return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}{swap}"
-
-
-def random_weight(
-    qtype: GGMLQuantizationType, n: int, k: int, device: str, gen: torch.Generator
-) -> torch.Tensor:
-    """Random GGUF bytes with finite fp16 scales in [0.001, 0.1] of random sign, made on the device."""
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    num_blocks = n * k // block_size
-    raw = torch.randint(0, 256, (num_blocks, type_size), dtype=torch.uint8, device=device, generator=gen)
-    for off in SCALE_OFFSETS[qtype]:
-        u = torch.rand(num_blocks, device=device, generator=gen)
-        sign = torch.randint(0, 2, (num_blocks,), device=device, generator=gen) * 2 - 1
-        scale = ((u * 0.099 + 0.001) * sign).to(torch.float16)
-        raw[:, off : off + 2] = scale.view(torch.uint8).view(num_blocks, 2)
-    return raw.view(-1)
 
 
 def bench_us(fn: Callable[[], object], small: bool) -> float:
