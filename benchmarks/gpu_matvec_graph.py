@@ -1,0 +1,168 @@
+"""The fused matvec as decode runs it: inside a CUDA graph, on the exact decode shapes, per tile config.
+
+    python benchmarks/gpu_matvec_graph.py [--models 0.5b,7b] [--m 1] [--calls 40] [--out DIR]
+    python benchmarks/gpu_matvec_graph.py --smoke     # the script itself, in Triton's interpreter
+
+`benchmarks/gpu_kernels.py` times one launch at a time with do_bench, which for the 0.5B's small
+matrices (0.1-6 MB, a few µs each) mostly measures the launch. Decode replays graphs, so here each
+config is captured as a graph of `--calls` launches, each on its own copy of the weight (enough
+copies to exceed the 60 MB L2, so the weights come from HBM as in a real step), and the median replay
+time over the calls is the per-call figure. Each config is first checked against the torch reference
+(dequantize, float64 matmul) on fresh random inputs with a NaN-poisoned output; a failing config is
+not timed. Shapes are those a decode step runs after strata's projection stacking (q+k+v or q+k,
+gate+up). The table lists, per shape, the default config's time, the best config and its time and
+effective bandwidth (weight bytes / time) as a fraction of the copy ceiling measured in the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+if "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+from gguf.constants import GGMLQuantizationType
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
+
+from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec  # noqa: E402
+from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight  # noqa: E402
+from strata.quant import dequantize  # noqa: E402
+
+T = GGMLQuantizationType
+# (name, qtype, n, k) per model, as the kernel path stacks them (Q4_K_M layouts, benchmarks/notes).
+SHAPES = {
+    "0.5b": [
+        ("q+k+v", T.Q5_0, 1152, 896), ("q+k", T.Q5_0, 1024, 896), ("v", T.Q8_0, 128, 896),
+        ("o", T.Q5_0, 896, 896), ("gate+up", T.Q5_0, 9728, 896), ("down", T.Q4_K, 896, 4864),
+        ("down", T.Q6_K, 896, 4864), ("lm_head", T.Q8_0, 151936, 896),
+    ],
+    "7b": [
+        ("q+k", T.Q4_K, 4096, 3584), ("v", T.Q6_K, 512, 3584), ("q+k+v", T.Q4_K, 4608, 3584),
+        ("o", T.Q4_K, 3584, 3584), ("gate+up", T.Q4_K, 37888, 3584), ("down", T.Q4_K, 3584, 18944),
+        ("down", T.Q6_K, 3584, 18944), ("lm_head", T.Q6_K, 152064, 3584),
+    ],
+}  # fmt: skip
+SMOKE_SHAPES = [("tiny", T.Q5_0, 40, 256), ("tiny", T.Q4_K, 40, 512)]
+
+
+def configs(qtype: GGMLQuantizationType, n: int, k: int, smoke: bool) -> list[MatvecConfig]:
+    """Rows per program x K step x warps, each unsplit and with the launcher's automatic split: about
+    40 configs, compiled once per type (N and K are run-time arguments)."""
+    if smoke:
+        return [MatvecConfig(16, 256, 1), MatvecConfig(8, 256, 2)]
+    unit = 128 if qtype == T.Q6_K else 64 if qtype == T.Q4_K else 32
+    out = []
+    for bn, bk, warps in itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8)):
+        if bk % unit or bn * bk > 16384:
+            continue
+        for split in sorted({1, auto_split_k(n, k, bn, bk)}):
+            out.append(MatvecConfig(bn, bk, split, warps))
+    return out
+
+
+def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: MatvecConfig) -> bool:
+    """Within 1 % of the largest |ref| (bf16 output rounding), every element written."""
+    out = torch.full((x.shape[0], w.n), float("nan"), dtype=x.dtype, device=x.device)
+    quant_matvec(x, w, w.qtype, w.n, w.k, out=out, config=cfg)
+    got = out.double()
+    return bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+
+
+def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: MatvecConfig, calls: int) -> float:
+    w0 = weights[0]
+    out = torch.empty(x.shape[0], w0.n, dtype=x.dtype, device=x.device)
+    run = [weights[i % len(weights)] for i in range(calls)]
+
+    def step() -> None:
+        for w in run:
+            quant_matvec(x, w, w.qtype, w.n, w.k, out=out, config=cfg)
+
+    step()  # compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="0.5b,7b")
+    p.add_argument("--m", type=int, default=1, help="activation rows (1 = batch-1 decode)")
+    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    args = p.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    gen = torch.Generator(device=device).manual_seed(0)
+    ceiling = math.nan if args.smoke else copy_ceiling_gbs(device, False)
+    shapes = [("smoke", *s) for s in SMOKE_SHAPES] if args.smoke else [
+        (model, *s) for model in args.models.split(",") for s in SHAPES[model]
+    ]  # fmt: skip
+    rows, failures = [], 0
+    for model, name, qtype, n, k in shapes:
+        raw = random_weight(qtype, n, k, device, gen)
+        nbytes = raw.numel()
+        copies = 1 if args.smoke else max(1, min(args.calls, math.ceil(240e6 / nbytes)))
+        weights = [pack_quant_weight(raw.clone() if i else raw, qtype, n, k) for i in range(copies)]
+        x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
+        ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T
+        default = default_config(qtype, args.m, n, k)
+        results = []
+        for cfg in [default, *[c for c in configs(qtype, n, k, args.smoke) if c != default]]:
+            try:
+                ok = check(x, weights[0], ref, cfg)
+            except Exception as e:  # a config the compiler rejects (registers, shared memory)
+                print(f"{model} {name} {qtype.name} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            if not ok:
+                failures += 1
+                print(f"{model} {name} {qtype.name} {cfg}: WRONG RESULT", flush=True)
+                continue
+            if args.smoke:
+                results.append((cfg, math.nan))
+                continue
+            results.append((cfg, graph_us(x, weights, cfg, args.calls)))
+        timed = [r for r in results if math.isfinite(r[1])] or results
+        best = min(timed, key=lambda r: r[1] if math.isfinite(r[1]) else 0.0)
+        default_us = next((us for cfg, us in results if cfg == default), math.nan)
+        gbs = nbytes / best[1] / 1e3 if math.isfinite(best[1]) else math.nan
+        rows.append({"model": model, "name": name, "qtype": qtype.name, "n": n, "k": k, "mb": nbytes / 1e6,
+                     "default": str(default), "default_us": default_us, "best": str(best[0]),
+                     "best_us": best[1], "gbs": gbs, "of_copy": gbs / ceiling})  # fmt: skip
+        print(f"{model} {name} {qtype.name}: default {default_us:.2f} us, best {best[1]:.2f} us {best[0]}",
+              flush=True)  # fmt: skip
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_matvec_graph.json").write_text(json.dumps({"ceiling_gbs": ceiling, "rows": rows}))
+    print(f"\ncopy ceiling {ceiling:,.0f} GB/s; M={args.m}; per call inside a graph of {args.calls} calls")
+    print("| model | weight | type | MB | default us | best config | best us | GB/s | of copy |")
+    print("|---|---|---|---:|---:|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['name']} {r['n']}x{r['k']} | {r['qtype']} | {r['mb']:.1f} | "
+              f"{r['default_us']:.2f} | {r['best']} | {r['best_us']:.2f} | {r['gbs']:,.0f} | "
+              f"{r['of_copy']:.0%} |")  # fmt: skip
+    print(f"checks failed: {failures}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
