@@ -23,7 +23,7 @@ from strata.quant import dequantize  # noqa: E402
 from tests.test_kernels_quant_matvec import DEVICE, random_weight  # noqa: E402
 
 T = GGMLQuantizationType
-TYPES = [T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_K, T.Q6_K]
+TYPES = [T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_K, T.Q6_K, T.Q2_K, T.IQ4_XS, T.IQ2_XS, T.IQ2_S]
 
 
 def _check(qtype: GGMLQuantizationType, n: int, blocks: int, dtype: torch.dtype, **tiles: int) -> None:

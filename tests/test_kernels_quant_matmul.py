@@ -30,7 +30,7 @@ from strata.kernels.quant_matmul import MatmulConfig, default_config, quant_matm
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
-from tests.test_kernels_quant_matvec import TYPES, random_weight  # noqa: E402
+from tests.test_kernels_quant_matvec import TYPES, codebook_weight, random_weight  # noqa: E402
 
 T = GGMLQuantizationType
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,12 +100,20 @@ def test_strided_x_and_one_tile(qtype: GGMLQuantizationType):
 def test_decoded_weights_are_exact(qtype: GGMLQuantizationType, dtype: torch.dtype):
     # x = I gives y = W^T: one product per output, so y must equal dequantize's values rounded to
     # x's dtype bit for bit (any other rounding of d * q - dmin * mn shows here).
-    n, k = 24, GGML_QUANT_SIZES[qtype][0] * (2 if qtype in (T.Q4_K, T.Q6_K) else 4)
+    n, k = 24, GGML_QUANT_SIZES[qtype][0] * (2 if GGML_QUANT_SIZES[qtype][0] == 256 else 4)
     raw = random_weight(qtype, n, k, seed=3)
     expected = dequantize(raw, qtype, (n, k)).to(dtype).T
     packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k)
     y = quant_matmul(torch.eye(k, dtype=dtype, device=DEVICE), packed, config=MatmulConfig(64, 32, 128))
     assert torch.equal(y.cpu(), expected)
+
+
+@pytest.mark.parametrize("qtype", [T.IQ2_XS, T.IQ2_S], ids=lambda t: t.name)
+def test_every_codebook_entry_is_exact(qtype: GGMLQuantizationType):
+    raw, n, k = codebook_weight(qtype, seed=17)
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k)
+    y = quant_matmul(torch.eye(k, device=DEVICE), packed, config=MatmulConfig(64, 32, 128))
+    assert torch.equal(y.cpu(), dequantize(raw, qtype, (n, k)).T)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -156,8 +164,8 @@ def test_errors_name_the_problem():
         quant_matmul(x, packed, out=torch.empty(2, 5, device=DEVICE))
     with pytest.raises(ValueError, match="out must be"):
         quant_matmul(x, packed, out=torch.empty(2, 4, device=DEVICE, dtype=torch.float16))
-    with pytest.raises(ValueError, match="no fused matmul for GGML type Q2_K"):
-        quant_matmul(x, PackedQuantWeight(T.Q2_K, 4, 64, packed.planes))
+    with pytest.raises(ValueError, match="no fused matmul for GGML type Q3_K"):
+        quant_matmul(x, PackedQuantWeight(T.Q3_K, 4, 64, packed.planes))
     with pytest.raises(ValueError, match="block_m must be at least 16"):
         MatmulConfig(block_m=8)
     with pytest.raises(ValueError, match="block_k must be a power of two"):

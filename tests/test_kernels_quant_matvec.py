@@ -34,7 +34,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="model-sized shapes run only on CUDA")
 
 # Byte offsets of the fp16 scale fields (d, dmin) in a block; random bytes there may be Inf/NaN.
-SCALE_OFFSETS = {T.Q8_0: (0,), T.Q5_0: (0,), T.Q4_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
+SCALE_OFFSETS = {
+    T.Q8_0: (0,),
+    T.Q5_0: (0,),
+    T.Q4_0: (0,),
+    T.Q4_K: (0, 2),
+    T.Q6_K: (208,),
+    T.Q2_K: (80, 82),
+    T.IQ4_XS: (0,),
+    T.IQ2_XS: (0,),
+    T.IQ2_S: (0,),
+}
 TYPES = list(SCALE_OFFSETS)
 
 
@@ -50,10 +60,32 @@ def random_weight(qtype: GGMLQuantizationType, n: int, k: int, seed: int) -> tor
     return torch.from_numpy(raw.reshape(-1))
 
 
+def codebook_weight(qtype: GGMLQuantizationType, seed: int) -> tuple[torch.Tensor, int, int]:
+    """Random IQ2_XS / IQ2_S bytes, one 256-element block per row, whose grid indices run through the
+    whole grid in order (and IQ2_XS's sign codes through all 128); returns (raw, n, k)."""
+    index = np.arange(512 if qtype == T.IQ2_XS else 1024)
+    n, k = len(index) // 32, 256  # a block holds 32 grid entries
+    raw = random_weight(qtype, n, k, seed).numpy().reshape(n, GGML_QUANT_SIZES[qtype][1])
+    if qtype == T.IQ2_XS:
+        raw[:, 2:66] = (index | (index % 128) << 9).astype(np.uint16).view(np.uint8).reshape(n, 64)
+    else:
+        raw[:, 2:34] = (index & 255).reshape(n, 32)
+        high = (index >> 8).reshape(n, 8, 4) << np.array([0, 2, 4, 6])
+        raw[:, 66:74] = high.sum(-1)
+    return torch.from_numpy(raw.reshape(-1)), n, k
+
+
 def check(
-    qtype: GGMLQuantizationType, m: int, n: int, k: int, dtype: torch.dtype, config: MatvecConfig | None
+    qtype: GGMLQuantizationType,
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    config: MatvecConfig | None,
+    raw: torch.Tensor | None = None,
 ):
-    raw = random_weight(qtype, n, k, seed=hash((qtype, m, n, k)) % 2**32)
+    if raw is None:
+        raw = random_weight(qtype, n, k, seed=hash((qtype, m, n, k)) % 2**32)
     w = dequantize(raw, qtype, (n, k)).double()
     x = torch.randn(m, k, dtype=torch.float64).to(dtype)
     ref = x.double() @ w.T
@@ -104,19 +136,28 @@ def test_raw_bytes_and_one_row(qtype: GGMLQuantizationType):
     assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.IQ2_XS, T.IQ2_S], ids=lambda t: t.name)
+def test_every_codebook_entry(qtype: GGMLQuantizationType):
+    raw, n, k = codebook_weight(qtype, seed=13)
+    check(qtype, 2, n, k, torch.float32, MatvecConfig(16, 128, 2), raw=raw)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q2_K, T.IQ4_XS, T.IQ2_XS, T.IQ2_S], ids=lambda t: t.name)
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_bias_is_added_once(qtype: GGMLQuantizationType, split_k: int):
     # With split-K only split 0 adds the bias; a bias added per split would be off by (splits - 1) * b.
-    n, k = 37, k_for(qtype, 5 if qtype == T.Q4_K else 11)
+    n, k = 37, k_for(qtype, 5 if GGML_QUANT_SIZES[qtype][0] == 256 else 11)
     raw = random_weight(qtype, n, k, seed=11)
     x = torch.randn(3, k)
     bias = torch.randn(n) * 10
-    ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T + bias.double()
+    w = dequantize(raw, qtype, (n, k)).double()
+    ref = x.double() @ w.T + bias.double()
+    # `check`'s fp32 term (0.01-0.4 here); a bias added per split would be off by about 10.
+    bound = x.double().abs() @ w.abs().T + bias.double().abs()
     out = torch.full((3, n), float("nan"), device=DEVICE)
     cfg = MatvecConfig(16, k_for(qtype, 1) * 2 if qtype == T.Q4_K else 128, split_k)
     y = quant_matvec(x.to(DEVICE), raw.to(DEVICE), qtype, n, k, out=out, config=cfg, bias=bias.to(DEVICE))
-    assert torch.allclose(y.cpu().double(), ref, rtol=1e-5, atol=1e-4)
+    assert ((y.cpu().double() - ref).abs() <= 1e-5 * bound).all()
 
 
 @cuda_only
@@ -148,8 +189,8 @@ def test_errors_name_the_problem():
         quant_matvec(torch.randn(MAX_M + 1, 64, device=DEVICE), raw, T.Q8_0, 4, 64)
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         quant_matvec(x.double(), raw, T.Q8_0, 4, 64)
-    with pytest.raises(ValueError, match="no fused matvec for GGML type Q2_K"):
-        quant_matvec(x, raw, T.Q2_K, 4, 64)
+    with pytest.raises(ValueError, match="no fused matvec for GGML type Q3_K"):
+        quant_matvec(x, raw, T.Q3_K, 4, 64)
     with pytest.raises(ValueError, match="out must be"):
         quant_matvec(x, raw, T.Q8_0, 4, 64, out=torch.empty(1, 5, device=DEVICE))
     packed = pack_quant_weight(raw, T.Q8_0, 4, 64)

@@ -7,9 +7,10 @@ values of `strata.quant.dequantize`, computed in the same order (d * sc, then * 
 the launcher turns off FMA contraction so that the compiler keeps those roundings. Rounding them to
 fp16/bf16 before the dot is the intended semantic (dequantize, cast, matmul); fp32 x keeps them fp32.
 
-Every type is decoded in groups of 16 elements (16 consecutive elements share one scale in all five
-types, and their quants sit in 16 consecutive bytes of one plane), so a tile is viewed as
-(BLOCK_N, BLOCK_K // 16, 16) with the group's scale broadcast along the last axis and 16-byte loads.
+Every type is decoded in groups of 16 elements (16 consecutive elements share one scale in every
+type; in all but the IQ2 types their quants sit in 16 consecutive bytes of one plane, while IQ2_XS and
+IQ2_S look up two 8-value grid rows per group), so a tile is viewed as (BLOCK_N, BLOCK_K // 16, 16)
+with the group's scale broadcast along the last axis and 16-byte loads where the layout allows.
 
 SWAP_AB computes y^T = W x^T instead: the decoded W tile is then the dot's first operand (the one
 Hopper's wgmma may read from registers) and a small M becomes the instruction's narrow N side
@@ -21,6 +22,7 @@ import triton.language as tl
 
 from strata.kernels._bits import exact_float
 from strata.kernels._matvec_kquant import _q4_k_scale_min
+from strata.kernels._matvec_lowbit import IQ2_XS_SIGNS, grid_value, iq2_scale
 
 # Static ids of the types (the GGML enum values) so the kernel can branch on a constexpr.
 Q4_0: tl.constexpr = tl.constexpr(2)
@@ -28,13 +30,43 @@ Q5_0: tl.constexpr = tl.constexpr(6)
 Q8_0: tl.constexpr = tl.constexpr(8)
 Q4_K: tl.constexpr = tl.constexpr(12)
 Q6_K: tl.constexpr = tl.constexpr(14)
+Q2_K: tl.constexpr = tl.constexpr(10)
+IQ2_XS: tl.constexpr = tl.constexpr(17)
+IQ2_S: tl.constexpr = tl.constexpr(22)
+IQ4_XS: tl.constexpr = tl.constexpr(23)
 
 
 @triton.jit
 def _group_scales(QTYPE: tl.constexpr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s0, s1, s2, s3):
     """(mul, sub) of every (row, group), each (BLOCK_N, NT, 1) float32: the group decodes to mul * q - sub
     (sub is only read for Q4_K; the other types return mul twice)."""
-    if QTYPE == Q4_K:
+    if QTYPE == Q2_K:
+        # `_group_quants` decodes Q2_K's whole values (see there); 1 * w is w exactly.
+        mul = (t3 * 0 + 1).to(tl.float32)
+        sub = mul
+    elif QTYPE == IQ4_XS:
+        # Sub-block j = (t % 16) // 2 of block t // 16: the low 4 bits of its 6-bit scale are nibble
+        # j % 2 of scales_l byte j // 2, the high 2 bits 2j, 2j+1 of scales_h (the block's first two
+        # bytes of the 6-byte scale plane p2); d is in p3.
+        j = (t3 % 16) // 2
+        hdr = r3 * s2 + (t3 // 16) * 6
+        sl = tl.load(p2_ptr + hdr + 2 + j // 2).to(tl.int32)
+        sh = tl.load(p2_ptr + hdr + j // 4).to(tl.int32)
+        scale = ((sl >> (4 * (j % 2))) & 15) | (((sh >> (2 * (j % 4))) & 3) << 4)
+        mul = tl.load(p3_ptr + r3 * s3 + t3 // 16).to(tl.float32) * exact_float(scale, 32)
+        sub = mul
+    elif QTYPE == IQ2_XS:
+        # Group t is sub-block t: nibble t % 2 of scale byte t // 2 (p2), d of block t // 16 (p3).
+        sc = tl.load(p2_ptr + r3 * s2 + t3 // 2).to(tl.int32)
+        mul = iq2_scale(tl.load(p3_ptr + r3 * s3 + t3 // 16).to(tl.float32), (sc >> (4 * (t3 % 2))) & 15)
+        sub = mul
+    elif QTYPE == IQ2_S:
+        # Sub-block u = t % 16 of block t // 16: nibble u % 2 of scale byte 72 + u // 2 of its 80
+        # bytes in p0; d in p2.
+        sc = tl.load(p0_ptr + r3 * s0 + (t3 // 16) * 80 + 72 + (t3 % 16) // 2).to(tl.int32)
+        mul = iq2_scale(tl.load(p2_ptr + r3 * s2 + t3 // 16).to(tl.float32), (sc >> (4 * (t3 % 2))) & 15)
+        sub = mul
+    elif QTYPE == Q4_K:
         # Super-block t // 16 (144 bytes at hdr: d, dmin, 12 scale bytes); group t is in sub-block
         # j = (t % 16) // 2.
         hdr = r3 * s0 + (t3 // 16) * 144
@@ -65,8 +97,38 @@ def _legacy_nibbles(qs_ptr, r3, t3, i3, s0):
 
 @triton.jit
 def _group_quants(QTYPE: tl.constexpr, p0_ptr, p1_ptr, r3, t3, i3, s0, s1):
-    """Every (row, group)'s quants as exact float32 integers less the type's offset, (BLOCK_N, NT, 16)."""
-    if QTYPE == Q8_0:
+    """Every (row, group)'s quants as exact float32 integers less the type's offset, (BLOCK_N, NT, 16);
+    for the codebook types their signed levels or grid values (p1 is the `codebook` table)."""
+    if QTYPE == Q2_K:
+        # Sub-block u = t % 16 of block t // 16 (80 bytes of p0: 16 scale bytes, 64 quant bytes; d and
+        # dmin in p1): elements are bits 2s, 2s+1 of quant bytes 32(u // 8) + 16(u % 2) + i, with
+        # s = (u % 8) // 2. Decoded whole, d * sc * q - dmin * mn, so that the callers' mul * q - sub
+        # stays Q4_K's alone.
+        u = t3 % 16
+        blk = r3 * s0 + (t3 // 16) * 80
+        q = tl.load(p0_ptr + blk + 16 + (u // 8) * 32 + (u % 2) * 16 + i3).to(tl.int32)
+        q = exact_float((q >> (2 * ((u % 8) // 2))) & 3, 0)
+        sc = tl.load(p0_ptr + blk + u).to(tl.int32)
+        dm = p1_ptr + r3 * s1 + (t3 // 16) * 2
+        dl = tl.load(dm).to(tl.float32) * exact_float(sc & 15, 0)
+        w = dl * q - tl.load(dm + 1).to(tl.float32) * exact_float(sc >> 4, 0)
+    elif QTYPE == IQ4_XS:
+        # The 4-bit level indices sit as Q4_0's nibbles do, 16 bytes per 32-element sub-block.
+        w = tl.load(p1_ptr + _legacy_nibbles(p0_ptr, r3, t3, i3, s0))
+    elif QTYPE == IQ2_XS:
+        # Element i of group t is element i % 8 of uint16 quant 2t + i // 8 (int16 plane: drop the sign
+        # extension): grid row q & 511, ksigns pattern q >> 9.
+        q = tl.load(p0_ptr + r3 * s0 + 2 * t3 + i3 // 8).to(tl.int32) & 0xFFFF
+        w = grid_value(p1_ptr, q & 511, tl.load(p1_ptr + IQ2_XS_SIGNS + (q >> 9)).to(tl.int32), i3 % 8)
+    elif QTYPE == IQ2_S:
+        # Element i of group t is element i % 8 of grid entry e = 2(t % 16) + i // 8 of its block's 80
+        # bytes: index qs[e] | (bits 2(e % 4), +1 of qh[e // 4]) << 8, sign bits signs[e].
+        blk = p0_ptr + r3 * s0 + (t3 // 16) * 80
+        e = 2 * (t3 % 16) + i3 // 8
+        qh = tl.load(blk + 64 + e // 4).to(tl.int32)
+        index = tl.load(blk + e).to(tl.int32) | (((qh >> (2 * (e % 4))) & 3) << 8)
+        w = grid_value(p1_ptr, index, tl.load(blk + 32 + e).to(tl.int32), i3 % 8)
+    elif QTYPE == Q8_0:
         # Group t is bytes 16t..16t+15 of the int8 quants; q + 128 = the byte with its sign bit flipped.
         q = tl.load(p0_ptr + r3 * s0 + t3 * 16 + i3)
         w = exact_float(q.to(tl.int32) ^ 0x80, 128)

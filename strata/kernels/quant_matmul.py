@@ -16,10 +16,13 @@ import triton
 from gguf.constants import GGMLQuantizationType
 
 from strata.kernels._matmul_quant import quant_matmul_kernel
+from strata.kernels._matvec_lowbit import codebook
 from strata.kernels.quant_pack import PackedQuantWeight
 
 _T = GGMLQuantizationType
-MATMUL_TYPES: frozenset[GGMLQuantizationType] = frozenset({_T.Q8_0, _T.Q5_0, _T.Q4_0, _T.Q4_K, _T.Q6_K})
+MATMUL_TYPES: frozenset[GGMLQuantizationType] = frozenset(
+    {_T.Q8_0, _T.Q5_0, _T.Q4_0, _T.Q4_K, _T.Q6_K, _T.Q2_K, _T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S}
+)
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -75,6 +78,9 @@ def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int) -> Matmu
 def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
     """The kernel's four plane pointers and strides; unused ones repeat the first plane."""
     planes = list(w.planes)
+    if w.qtype in (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S):
+        # The group decoders read quants from p0 and p1 only: the table goes second.
+        planes.insert(1, codebook(w.qtype, w.device))
     if w.qtype == _T.Q4_K:
         # The fp16 view of the raw blocks reads d and dmin without assembling bytes.
         planes.append(planes[0].view(torch.float16))

@@ -16,6 +16,13 @@ from gguf.constants import GGMLQuantizationType
 
 from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
 from strata.kernels._matvec_legacy import q4_0_matvec_kernel, q5_0_matvec_kernel, q8_0_matvec_kernel
+from strata.kernels._matvec_lowbit import (
+    codebook,
+    iq2_s_matvec_kernel,
+    iq2_xs_matvec_kernel,
+    iq4_xs_matvec_kernel,
+    q2_k_matvec_kernel,
+)
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 
 _T = GGMLQuantizationType
@@ -29,7 +36,12 @@ _KERNELS = {
     _T.Q4_0: (q4_0_matvec_kernel, 32),
     _T.Q4_K: (q4_k_matvec_kernel, 64),
     _T.Q6_K: (q6_k_matvec_kernel, 128),
+    _T.Q2_K: (q2_k_matvec_kernel, 128),
+    _T.IQ4_XS: (iq4_xs_matvec_kernel, 32),
+    _T.IQ2_XS: (iq2_xs_matvec_kernel, 8),
+    _T.IQ2_S: (iq2_s_matvec_kernel, 8),
 }
+_CODEBOOK_TYPES = (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S)
 MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 
 
@@ -75,7 +87,11 @@ def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
         (raw,) = w.planes
         # The fp16 view of the same bytes reads d and dmin without assembling bytes.
         return [raw, raw.view(torch.float16)], [raw.stride(0)]
-    return list(w.planes), [p.stride(0) for p in w.planes]
+    strides = [p.stride(0) for p in w.planes]
+    if w.qtype in _CODEBOOK_TYPES:
+        # The table pointer follows the planes; it has no stride.
+        return [*w.planes, codebook(w.qtype, w.device)], strides
+    return list(w.planes), strides
 
 
 def quant_matvec(

@@ -35,6 +35,14 @@ _FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, torch.dtype], ...]] = 
         (192, 208, torch.int8),
         (208, 210, torch.float16),
     ),
+    # scales 16 bytes + qs 64 bytes (kept together: 80 bytes stay 16-byte aligned), then d, dmin fp16
+    _T.Q2_K: ((0, 80, torch.uint8), (80, 84, torch.float16)),
+    # qs 128 bytes of nibbles, scales_h uint16 + scales_l 4 bytes, d fp16
+    _T.IQ4_XS: ((8, 136, torch.uint8), (2, 8, torch.uint8), (0, 2, torch.float16)),
+    # qs 32 uint16 (9-bit grid index | 7-bit sign code << 9), scales 8 bytes, d fp16
+    _T.IQ2_XS: ((2, 66, torch.int16), (66, 74, torch.uint8), (0, 2, torch.float16)),
+    # qs 32 bytes, signs 32 bytes, qh 8 bytes, scales 8 bytes (80 bytes, 16-byte aligned), d fp16
+    _T.IQ2_S: ((2, 82, torch.uint8), (0, 2, torch.float16)),
 }
 PACKABLE_TYPES: frozenset[GGMLQuantizationType] = frozenset(_FIELDS)
 
