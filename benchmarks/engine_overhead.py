@@ -44,6 +44,7 @@ from strata.engine.model_runner import ModelRunner, RunnerOutput, ScheduledBatch
 from strata.engine.sampler import SamplingParams
 from strata.engine.scheduler import SchedulerConfig
 from strata.gguf.reader import GGUFFile
+from strata.layers.placement import Placement
 from strata.model_store import DEFAULT_MODEL, resolve_model
 from strata.models.base import DecoderModel
 from strata.prompt.tokenizer import Tokenizer
@@ -95,7 +96,10 @@ class PhaseClock:
 def stub_model(context_length: int) -> DecoderModel:
     """Just what `LLMEngine` and `ModelRunner` read at construction (a one-slot-wide KV cache)."""
     spec = SimpleNamespace(context_length=context_length, num_layers=1, num_kv_heads=1, head_dim=1)
-    return cast(DecoderModel, SimpleNamespace(spec=spec, dtype=torch.float32))
+    place = Placement()  # the CPU reference path: no kernels, no CUDA graphs
+    return cast(
+        DecoderModel, SimpleNamespace(spec=spec, dtype=torch.float32, device=place.device, place=place)
+    )
 
 
 def run_one(args: argparse.Namespace, tokenizer: Tokenizer, vocab: int) -> dict[str, list[float]]:
