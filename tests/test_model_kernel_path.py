@@ -84,3 +84,6 @@ def test_gpu_with_cuda_graphs_matches_cpu_reference(layout: str, tmp_path: Path)
     ref = greedy_ids(path, "cpu", kernels=False, num_tokens=64)
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64) == ref
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, cuda_graphs=False) == ref
+    # Three tokens a step: one-token prefill chunks ride along with decodes (no logits due for them).
+    tiny_steps = SchedulerConfig(max_num_batched_tokens=3)
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, scheduler=tiny_steps) == ref

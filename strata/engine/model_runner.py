@@ -132,6 +132,10 @@ class ModelRunner:
         if self.graphs is not None and batch.is_decode and len(batch.seqs) <= self.graphs.max_batch:
             ids, positions, slots = _decode_inputs(batch.seqs, self.block_size)
             logits = self.graphs.run(ids, positions, slots, [seq.block_table for seq in batch.seqs])
+            # A one-token step can also be a prefill chunk with more prompt to come: no logits due.
+            rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
+            if len(rows) < len(batch.seqs):
+                return RunnerOutput(tuple(batch.seqs[i] for i in rows), logits[rows])
             return RunnerOutput(batch.seqs, logits)
         ids_t, meta = self.prepare(batch)
         hidden = self.model(ids_t, self.kv, meta)
