@@ -76,6 +76,23 @@ def test_kernel_path_matches_reference_in_the_interpreter(
     assert greedy_ids(path, device, kernels=True, num_tokens=5, cuda_graphs=False, scheduler=scheduler) == ref
 
 
+# Each architecture's own pieces on the kernel path: llama's interleaved rotary, qwen3's QK-norm on
+# head views, gemma3's sandwich norms, GeGLU, tied head and sliding window (8 < the 30-token context).
+ARCH_SPECS = {
+    "llama": SynthSpec("llama"),
+    "qwen3": SynthSpec("qwen3", num_heads=2, num_kv_heads=1, head_dim=128),
+    "gemma3": SynthSpec("gemma3", num_heads=2, num_kv_heads=1, head_dim=256, tied_embeddings=True),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_SPECS))
+def test_every_architecture_on_the_kernel_path(arch: str, tmp_path: Path) -> None:
+    path = write_synthetic(tmp_path / f"{arch}.gguf", ARCH_SPECS[arch])
+    device = "cuda" if CUDA else "cpu"
+    ref = greedy_ids(path, "cpu", kernels=False, num_tokens=3)
+    assert greedy_ids(path, device, kernels=True, num_tokens=3, cuda_graphs=False) == ref
+
+
 @cuda_only
 @pytest.mark.parametrize("layout", ["qwen2.5-0.5b-tiny", "qwen2.5-1.5b-tiny"])
 def test_gpu_with_cuda_graphs_matches_cpu_reference(layout: str, tmp_path: Path) -> None:
