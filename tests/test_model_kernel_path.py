@@ -61,7 +61,7 @@ def greedy_ids(path: Path, device: str, kernels: bool, num_tokens: int, **engine
 
 
 # A prefill of all three prompts at once is 66 rows (the dense-weight cuBLAS path); 24-token chunks
-# take the fused dequant matmul, and decode steps the fused matvec.
+# take the fused dequant matmul (and the prefill attention kernel), decode steps the fused matvec.
 @pytest.mark.parametrize("qtype,chunk", [(T.Q8_0, 2048), (T.Q5_0, 24)])
 def test_kernel_path_matches_reference_in_the_interpreter(
     qtype: GGMLQuantizationType, chunk: int, tmp_path: Path
@@ -72,8 +72,9 @@ def test_kernel_path_matches_reference_in_the_interpreter(
     path = write_synthetic(tmp_path / "m.gguf", spec)
     device = "cuda" if CUDA else "cpu"
     ref = greedy_ids(path, "cpu", kernels=False, num_tokens=5)
-    scheduler = SchedulerConfig(max_num_batched_tokens=chunk)
-    assert greedy_ids(path, device, kernels=True, num_tokens=5, cuda_graphs=False, scheduler=scheduler) == ref
+    # Chunked, the paged prefill kernel attends later chunks over the cached earlier ones.
+    options = {"cuda_graphs": False, "prefill_kernel": chunk < 66, "scheduler": SchedulerConfig(chunk)}
+    assert greedy_ids(path, device, kernels=True, num_tokens=5, **options) == ref
 
 
 # Each architecture's own pieces on the kernel path: llama's interleaved rotary, qwen3's QK-norm on
@@ -85,12 +86,14 @@ ARCH_SPECS = {
 }
 
 
+@pytest.mark.parametrize("prefill_kernel", [False, True], ids=["reference prefill", "prefill kernel"])
 @pytest.mark.parametrize("arch", sorted(ARCH_SPECS))
-def test_every_architecture_on_the_kernel_path(arch: str, tmp_path: Path) -> None:
+def test_every_architecture_on_the_kernel_path(arch: str, prefill_kernel: bool, tmp_path: Path) -> None:
     path = write_synthetic(tmp_path / f"{arch}.gguf", ARCH_SPECS[arch])
     device = "cuda" if CUDA else "cpu"
     ref = greedy_ids(path, "cpu", kernels=False, num_tokens=3)
-    assert greedy_ids(path, device, kernels=True, num_tokens=3, cuda_graphs=False) == ref
+    options = {"cuda_graphs": False, "prefill_kernel": prefill_kernel}
+    assert greedy_ids(path, device, kernels=True, num_tokens=3, **options) == ref
 
 
 @cuda_only
@@ -104,3 +107,6 @@ def test_gpu_with_cuda_graphs_matches_cpu_reference(layout: str, tmp_path: Path)
     # Three tokens a step: one-token prefill chunks ride along with decodes (no logits due for them).
     tiny_steps = SchedulerConfig(max_num_batched_tokens=3)
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, scheduler=tiny_steps) == ref
+    # The paged prefill kernel (engine option, off by default until this passes on a GPU), chunked.
+    chunks = SchedulerConfig(max_num_batched_tokens=24)
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, prefill_kernel=True, scheduler=chunks) == ref

@@ -57,6 +57,19 @@ class PagedDecode:
     num_splits: int | None = None  # None: paged_decode_attention's choice for max_context_len
 
 
+@dataclass(frozen=True)
+class PagedPrefill:
+    """A step of any query lengths (prefill chunks, mixed with decodes) as the paged prefill kernel
+    reads it: sequence b's new tokens are rows query_start[b]:query_start[b + 1] of the step and the
+    last of its context_lens[b] positions."""
+
+    block_tables: torch.Tensor  # (batch, max_blocks) int32
+    context_lens: torch.Tensor  # (batch,) int32, counting the new tokens
+    query_start: torch.Tensor  # (batch + 1,) int32
+    block_size: int
+    max_query_len: int  # known on the host: sizes the launch grid
+
+
 @dataclass
 class AttentionMetadata:
     """Where one forward step's tokens sit: built once per step, shared by every layer.
@@ -71,6 +84,7 @@ class AttentionMetadata:
     query_lens: tuple[int, ...]  # new tokens per sequence, in batch order
     context_slots: tuple[torch.Tensor, ...]  # per sequence: (context_len,) slots in position order
     paged: PagedDecode | None = None  # set for decode steps on the kernel path (then context_slots is empty)
+    paged_prefill: PagedPrefill | None = None  # set for other steps when the prefill kernel is on
     _masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod

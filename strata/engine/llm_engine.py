@@ -29,6 +29,9 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cuda_graphs: bool = True  # on a GPU: replay captured decode steps
     graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # the batch sizes captured
+    # Prefill attention through the paged Triton kernel on the kernel path. Off until the kernel has
+    # been checked compiled on a GPU (so far only in Triton's interpreter): then the torch reference.
+    prefill_kernel: bool = False
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -72,9 +75,14 @@ class LLMEngine:
         # No graph larger than the smallest one that holds the scheduler's whole batch.
         limit = config.scheduler.max_num_seqs
         sizes = sorted(config.graph_batch_sizes)
-        sizes = [b for b in sizes if b < limit] + [next((b for b in sizes if b >= limit), sizes[-1])]
+        cap = next((b for b in sizes if b >= limit), sizes[-1])
         self.runner = ModelRunner(
-            model, config.num_blocks, config.block_size, config.cuda_graphs, tuple(sizes)
+            model,
+            config.num_blocks,
+            config.block_size,
+            config.cuda_graphs,
+            tuple(b for b in sizes if b <= cap),
+            config.prefill_kernel,
         )
         self._live: dict[str, _Live] = {}
         self._aborted: set[str] = set()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
-from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
+from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill
 from strata.engine.sequence import Sequence
 from strata.models.base import DecoderModel
 
@@ -62,7 +62,8 @@ class ModelRunner:
 
     On the kernel path decode steps read K/V through block tables (the paged attention kernel); on a
     GPU they replay captured CUDA graphs when `cuda_graphs` is on and the batch fits the largest size.
-    Other steps (prefill, mixed) run eagerly with per-sequence slot lists.
+    Other steps (prefill, mixed) run eagerly: through the paged prefill kernel when `prefill_kernel`
+    is on, else the torch reference over per-sequence slot lists.
     """
 
     def __init__(
@@ -72,10 +73,11 @@ class ModelRunner:
         block_size: int,
         cuda_graphs: bool = True,
         graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+        prefill_kernel: bool = False,
     ) -> None:
         s = model.spec
         self.model, self.block_size, self.device = model, block_size, model.device
-        self.kernels = model.place.kernels
+        self.kernels, self.prefill_kernel = model.place.kernels, prefill_kernel
         # One block past the pool: the scratch block that padding rows of a captured batch write to.
         slots = (num_blocks + 1) * block_size
         self.kv = KVCache(s.num_layers, slots, s.num_kv_heads, s.head_dim, model.dtype, model.device)
@@ -89,6 +91,8 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
         if self.kernels and batch.is_decode:
             return self._prepare_paged_decode(batch)
+        if self.kernels and self.prefill_kernel:
+            return self._prepare_paged_prefill(batch)
         ids, positions, slot_mapping, contexts = [], [], [], []
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
@@ -105,12 +109,46 @@ class ModelRunner:
         )
         return torch.tensor(ids, dtype=torch.long, device=self.device), meta
 
+    def _block_tables(self, seqs: tuple[Sequence, ...]) -> torch.Tensor:
+        width = max(len(seq.block_table) for seq in seqs)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]
+        return torch.tensor(tables, dtype=torch.int32, device=self.device)
+
+    def _prepare_paged_prefill(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[torch.Tensor] = []
+        starts = [0]
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.append(slots_of(seq.block_table, self.block_size, start, end))
+            starts.append(starts[-1] + n)
+        paged = PagedPrefill(
+            block_tables=self._block_tables(batch.seqs),
+            context_lens=torch.tensor(
+                [s.num_computed_tokens + n for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True)],
+                dtype=torch.int32,
+                device=self.device,
+            ),
+            query_start=torch.tensor(starts, dtype=torch.int32, device=self.device),
+            block_size=self.block_size,
+            max_query_len=max(batch.num_new_tokens),
+        )
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
+            slot_mapping=torch.cat(slots).to(self.device),
+            query_lens=batch.num_new_tokens,
+            context_slots=(),
+            paged_prefill=paged,
+        )
+        return torch.tensor(ids, dtype=torch.long, device=self.device), meta
+
     def _prepare_paged_decode(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
         ids, positions, slots = _decode_inputs(batch.seqs, self.block_size)
-        width = max(len(seq.block_table) for seq in batch.seqs)
-        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
         paged = PagedDecode(
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=self.device),
+            block_tables=self._block_tables(batch.seqs),
             context_lens=torch.tensor([p + 1 for p in positions], dtype=torch.int32, device=self.device),
             block_size=self.block_size,
             # The captured graphs' bound, so attention splits the same way with or without a graph

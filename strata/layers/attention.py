@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
+from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill
 from strata.layers.rotary import RotaryEmbedding
 
 
@@ -46,6 +46,8 @@ class Attention(nn.Module):
             kv.write(self.layer, meta.slot_mapping, k, v)
         if meta.paged is not None:
             return self._paged_decode(q, kv, meta.paged)
+        if meta.paged_prefill is not None:
+            return self._paged_prefill(q, kv, meta.paged_prefill)
         outs = []
         for seq, rows in enumerate(meta.query_slices()):
             keys, values = kv.read(self.layer, meta.context_slots[seq])  # (context_len, kv_heads, dim)
@@ -68,5 +70,16 @@ class Attention(nn.Module):
             q, k_cache, v_cache, paged.block_tables, paged.context_lens,
             block_size=paged.block_size, scale=self.scale, window=self.window,
             num_splits=paged.num_splits, max_context_len=paged.max_context_len,
+        )  # fmt: skip
+        return out.flatten(1)
+
+    def _paged_prefill(self, q: torch.Tensor, kv: KVCache, paged: PagedPrefill) -> torch.Tensor:
+        from strata.kernels.paged_prefill_attention import paged_prefill_attention  # needs triton
+
+        k_cache, v_cache = kv.layer(self.layer)
+        out = paged_prefill_attention(
+            q, k_cache, v_cache, paged.block_tables, paged.context_lens, paged.query_start,
+            block_size=paged.block_size, max_query_len=paged.max_query_len, scale=self.scale,
+            window=self.window,
         )  # fmt: skip
         return out.flatten(1)
