@@ -9,7 +9,16 @@ from typing import Any
 # The options each kind understands; every kind also takes `threads` and `model` (another GGUF file).
 OPTIONS: dict[str, frozenset[str]] = {
     "strata": frozenset(
-        {"threads", "model", "dtype", "block_size", "max_batched_tokens", "prefix_cache", "cuda_graphs"}
+        {
+            "threads",
+            "model",
+            "dtype",
+            "block_size",
+            "max_batched_tokens",
+            "prefix_cache",
+            "cuda_graphs",
+            "prefill_kernel",
+        }
     ),
     "llamacpp": frozenset({"threads", "model", "n_batch"}),
     "transformers": frozenset({"threads", "model", "dtype"}),

@@ -61,6 +61,7 @@ class StrataRunner:
             ModelConfig(config.model_path, opts.get("dtype", "bfloat16" if self.gpu else "float32"), **gpu)
         )
         self.cuda_graphs = opts.get("cuda_graphs", "1") not in ("0", "false", "no")
+        self.prefill_kernel = opts.get("prefill_kernel", "0") not in ("0", "false", "no")
         self.block_size = int(opts.get("block_size", 16))
         self.max_batched_tokens = int(opts["max_batched_tokens"]) if "max_batched_tokens" in opts else None
         self.prefix_cache = opts.get("prefix_cache", "1") not in ("0", "false", "no")
@@ -80,7 +81,11 @@ class StrataRunner:
             from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES
 
             size = next((b for b in DEFAULT_BATCH_SIZES if b >= workload.batch), DEFAULT_BATCH_SIZES[-1])
-            gpu = {"cuda_graphs": self.cuda_graphs, "graph_batch_sizes": (size,)}
+            gpu = {
+                "cuda_graphs": self.cuda_graphs,
+                "graph_batch_sizes": (size,),
+                "prefill_kernel": self.prefill_kernel,
+            }
         config = EngineConfig(
             num_blocks=per_seq * workload.batch,
             block_size=self.block_size,
