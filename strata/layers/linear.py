@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 # From this many rows on, the kernel path dequantizes the weight to the activation dtype and lets
 # cuBLAS multiply: on an H200 the fused dequant + tl.dot kernel ran at 0.15-0.6x of cuBLAS on a dense
-# weight, and the dequantization costs about one extra pass over a bf16 copy (benchmarks/gpu_matmul.py,
-# benchmarks/notes/gpu_engine.md). Below it the fused kernel saves that pass.
+# weight, while decoding to a bf16 copy should cost about one write and one read of that copy. The
+# crossover (64) is a prediction from that sweep, to be timed with benchmarks/gpu_matmul.py (see
+# benchmarks/notes/gpu_engine.md); below it the fused kernel saves the copy.
 DENSE_FROM_ROWS = 64
 
 
