@@ -1,8 +1,13 @@
 #!/bin/bash
-# One visit to the GPU machine: the kernel tests there, then benchmarks/gpu_engine.py (parity, kernel
-# profile, speed), then `strata bench ab` strata against itself (the token gate, end to end).
+# One visit to the GPU machine, in stages (each one's log goes under $OUT):
+#   1. the kernel tests compiled there                                   (SKIP_TESTS=1 leaves it out)
+#   2. benchmarks/gpu_engine.py: parity, kernel profile, speed            (SKIP_ENGINE=1)
+#   3. `strata bench ab strata strata --device cuda`: the token gate      (SKIP_AB=1)
+#   4. benchmarks/gpu_matvec_graph.py: matvec tiles timed in graphs       (MATVEC_SWEEP=1 adds it)
+#   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
 #   bash benchmarks/gpu_session.sh [gpu_engine.py arguments]
-# SKIP_TESTS=1 / SKIP_AB=1 leave out the first / last part. Needs the gguf wheel in .whl (the machine has no gguf); writes logs under $OUT.
+# Needs the gguf wheel in .whl (the machine has no gguf). Stages 4 and 5 take about 4 and 8 minutes:
+# give them their own call (SKIP_TESTS=1 SKIP_ENGINE=1 SKIP_AB=1 MATVEC_SWEEP=1 ...).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/strata-out}
@@ -10,13 +15,23 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null
 tests="tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tests/test_kernels_fused.py
-    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill_attention.py tests/test_kernels_dequant_packed.py
-    tests/test_model_kernel_path.py"
-[ -n "${SKIP_TESTS:-}" ] || timeout 120 python3 -m pytest -q --noconftest -p no:cacheprovider $tests >"$OUT/pytest.txt" 2>&1
-[ -n "${SKIP_TESTS:-}" ] || echo "kernel tests: $(tail -1 "$OUT/pytest.txt")"
-[ -n "${SKIP_TESTS:-}" ] || grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -20
-python3 benchmarks/gpu_engine.py --profile 0.5b,7b "$@" 2>&1 | grep -v Warning | tee "$OUT/engine.txt"
+    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill_attention.py
+    tests/test_kernels_dequant_packed.py tests/test_model_kernel_path.py"
+if [ -z "${SKIP_TESTS:-}" ]; then
+    timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider $tests >"$OUT/pytest.txt" 2>&1
+    echo "kernel tests: $(tail -1 "$OUT/pytest.txt")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -20
+fi
+[ -n "${SKIP_ENGINE:-}" ] || python3 benchmarks/gpu_engine.py --profile 0.5b,7b "$@" 2>&1 | grep -v Warning | tee "$OUT/engine.txt"
 model=/tmp/strata-synth/qwen2.5-0.5b.gguf
-[ -f $model ] || python3 -m strata.cli synth qwen2.5-0.5b $model
-[ -n "${SKIP_AB:-}" ] || timeout 150 python3 -m strata.cli bench ab strata strata --device cuda --model $model -p 512 -n 128 \
-    --pairs 2 --out "$OUT/ab" 2>&1 | tail -12
+[ -f $model ] || { mkdir -p /tmp/strata-synth && python3 -m strata.cli synth qwen2.5-0.5b $model; }
+[ -n "${SKIP_AB:-}" ] || timeout 150 python3 -m strata.cli bench ab strata strata --device cuda --model $model \
+    -p 512 -n 128 --pairs 2 --out "$OUT/ab" 2>&1 | tail -12
+[ -z "${MATVEC_SWEEP:-}" ] || timeout 300 python3 benchmarks/gpu_matvec_graph.py 2>&1 | tee "$OUT/matvec.txt" | tail -24
+if [ -n "${PEER:-}" ]; then
+    bash benchmarks/llamacpp_cuda/build.sh >"$OUT/peer_build.txt" 2>&1 || { tail -20 "$OUT/peer_build.txt"; exit 1; }
+    tail -5 "$OUT/peer_build.txt"
+    /tmp/llama-build/bin/llama-bench -m $model -p 512,2048 -n 128 -fa 1 -ngl 99 -r 3 2>&1 | tee "$OUT/llama_bench.txt"
+    timeout 200 python3 -m strata.cli bench ab strata llamacpp --device cuda --model $model -p 512 -n 128 \
+        --pairs 2 --out "$OUT/ab_llamacpp" 2>&1 | tail -12
+fi
