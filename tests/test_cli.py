@@ -50,3 +50,15 @@ def test_unknown_model_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_
 def test_context_overflow_names_the_limit(capsys: pytest.CaptureFixture[str], gemma_path: Path) -> None:
     assert main(["generate", "hi", "--model", str(gemma_path), "--max-tokens", "40000"]) == 2
     assert "exceed the model's context of 32,768" in capsys.readouterr().err
+
+
+def test_device_and_dtype_choices(capsys: pytest.CaptureFixture[str], gemma_path: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        assert main(["generate", "x", "--model", str(gemma_path), "--device", "cuda"]) == 2
+        assert "torch sees no CUDA GPU here; use --device cpu" in capsys.readouterr().err
+    # auto on a CPU-only machine is the CPU in float32; float16 is accepted there too.
+    argv = ["generate", "def f(", "--model", str(gemma_path), "--max-tokens", "2", "--dtype", "float16"]
+    assert main([*argv, "--device", "auto"]) == 0
+    assert "2 generated" in capsys.readouterr().err
