@@ -185,11 +185,6 @@ def test_a_client_that_leaves_mid_stream_is_aborted_with_every_block_back(
     _all_blocks_back(rt)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug: a non-streamed request is not aborted when its client disconnects; it runs to "
-    "max_tokens (the handler never watches for http.disconnect)",
-)
 def test_a_client_that_leaves_a_plain_request_has_it_aborted(server: tuple[Runtime, str]) -> None:
     rt, url = server
     before = _settle(rt)
@@ -198,14 +193,10 @@ def test_a_client_that_leaves_a_plain_request_has_it_aborted(server: tuple[Runti
         httpx.post(f"{url}/v1/chat/completions", json=body, timeout=0.3)
     steps = _settle(rt) - before
     _all_blocks_back(rt)
-    assert steps < 1000 // 3, f"{steps} steps: the request ran on after its client left"
+    # The client leaves after 0.3 s, by when a few hundred steps have run; unaborted it would run 1000.
+    assert steps < 1000 // 2, f"{steps} steps: the request ran on after its client left"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug: a request whose client disconnects while it waits in the queue is not aborted; "
-    "it runs to max_tokens once admitted",
-)
 def test_a_client_that_leaves_while_queued_has_its_request_dropped(server: tuple[Runtime, str]) -> None:
     rt, url = server
     _settle(rt)

@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from typing import Any, cast
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from strata.engine.llm_engine import TokenEvent
@@ -33,6 +33,7 @@ from strata.prompt.reasoning import ReasoningDelta, ReasoningSplitter
 from strata.server import tool_parser as tp
 from strata.server.anthropic import protocol as p
 from strata.server.chat_service import ChatService, Prompt, check_finished
+from strata.server.disconnect import cancel_on_disconnect
 from strata.server.errors import bad_request
 from strata.server.images import warning_headers
 from strata.server.lenient_tools import LenientToolCallParser
@@ -235,7 +236,10 @@ class AnthropicServing:
         chat = p.to_chat(req, SamplingParams(max_tokens=None), p.thinking_request(req), "drop")
         return {"input_tokens": len(self.service.chat_prompt(chat).ids)}
 
-    async def messages(self, req: p.MessagesRequest) -> JSONResponse | StreamingResponse:
+    @cancel_on_disconnect
+    async def messages(
+        self, req: p.MessagesRequest, raw_request: Request
+    ) -> JSONResponse | StreamingResponse:
         thinking = p.thinking_request(req)
         if thinking.budget_tokens is not None and thinking.budget_tokens >= req.max_tokens:
             raise bad_request(

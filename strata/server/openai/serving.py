@@ -8,13 +8,14 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from strata.engine.llm_engine import TokenEvent
 from strata.engine.sampler import SamplingParams
 from strata.server.chat_service import ChatRequest, ChatService, Prompt, check_finished
+from strata.server.disconnect import cancel_on_disconnect
 from strata.server.errors import bad_request
 from strata.server.images import warning_headers
 from strata.server.openai import protocol as p
@@ -47,7 +48,10 @@ class OpenAIServing:
     async def models(self) -> p.ModelList:
         return p.ModelList(data=[p.ModelCard(id=self.model_name, created=self.created)])
 
-    async def chat(self, req: p.ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+    @cancel_on_disconnect
+    async def chat(
+        self, req: p.ChatCompletionRequest, raw_request: Request
+    ) -> JSONResponse | StreamingResponse:
         kwargs = dict(req.chat_template_kwargs or {})
         switch = kwargs.get("enable_thinking")
         thinking = ThinkingRequest(
@@ -129,7 +133,10 @@ class OpenAIServing:
                     )
         yield _sse("[DONE]")
 
-    async def completions(self, req: p.CompletionRequest) -> p.Completion | StreamingResponse:
+    @cancel_on_disconnect
+    async def completions(
+        self, req: p.CompletionRequest, raw_request: Request
+    ) -> p.Completion | StreamingResponse:
         if not isinstance(req.prompt, str):
             if len(req.prompt) != 1:
                 raise bad_request("prompt must be one string; batches of prompts are not supported", "prompt")
