@@ -57,6 +57,19 @@ def _decode_inputs(seqs: tuple[Sequence, ...], block_size: int) -> tuple[list[in
     return ids, positions, slots
 
 
+def _due_rows(batch: ScheduledBatch) -> tuple[list[int], tuple[Sequence, ...]]:
+    """The sequences whose prompt is done after this step (their next-token logits are due) and the
+    step row of each one's last token. A one-token step can also be a prefill chunk with more to come."""
+    rows, due = [], []
+    end = 0
+    for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+        end += n
+        if seq.num_computed_tokens + n == seq.num_tokens:
+            rows.append(end - 1)
+            due.append(seq)
+    return rows, tuple(due)
+
+
 class ModelRunner:
     """Runs the model over a `ScheduledBatch`; the KV pool is `num_blocks * block_size` slots.
 
@@ -167,22 +180,13 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> RunnerOutput:
         """Compute the batch's tokens (their K/V land in the pool) and the logits that are due."""
+        rows, due = _due_rows(batch)
         if self.graphs is not None and batch.is_decode and len(batch.seqs) <= self.graphs.max_batch:
             ids, positions, slots = _decode_inputs(batch.seqs, self.block_size)
             logits = self.graphs.run(ids, positions, slots, [seq.block_table for seq in batch.seqs])
-            # A one-token step can also be a prefill chunk with more prompt to come: no logits due.
-            rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
-            if len(rows) < len(batch.seqs):
-                return RunnerOutput(tuple(batch.seqs[i] for i in rows), logits[rows])
-            return RunnerOutput(batch.seqs, logits)
+            # One token per sequence, so rows index sequences; all due is the common case: no copy.
+            return RunnerOutput(due, logits if len(rows) == len(batch.seqs) else logits[rows])
         ids_t, meta = self.prepare(batch)
         hidden = self.model(ids_t, self.kv, meta)
-        rows, due = [], []
-        end = 0
-        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            end += n
-            if seq.num_computed_tokens + n == seq.num_tokens:
-                rows.append(end - 1)
-                due.append(seq)
         logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0, 0)
-        return RunnerOutput(tuple(due), logits)
+        return RunnerOutput(due, logits)

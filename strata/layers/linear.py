@@ -106,7 +106,7 @@ def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
     (the same bytes), biases concatenated (zeros for a layer without one). All must be packed, of one
     quant type and input size."""
     first = layers[0]
-    if any(x.packed is None or x.qtype != first.qtype or x.in_features != first.in_features for x in layers):
+    if not all(_stackable(first, x) for x in layers):
         raise ValueError("stack_rows needs packed layers of one quant type and input size")
     from strata.kernels.quant_pack import PackedQuantWeight
 
