@@ -34,6 +34,7 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
 
+from strata.kernels.quant_matmul import MatmulConfig, quant_matmul  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
@@ -55,37 +56,50 @@ SHAPES = {
 SMOKE_SHAPES = [("tiny", T.Q5_0, 40, 256), ("tiny", T.Q4_K, 40, 512)]
 
 
-def configs(qtype: GGMLQuantizationType, n: int, k: int, smoke: bool) -> list[MatvecConfig]:
-    """Rows per program x K step x warps, each unsplit and with the launcher's automatic split: about
-    40 configs, compiled once per type (N and K are run-time arguments)."""
+Config = MatvecConfig | MatmulConfig
+
+
+def configs(qtype: GGMLQuantizationType, n: int, k: int, smoke: bool) -> list[Config]:
+    """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
+    compiled once per type (N and K are run-time arguments). Matmul: the tensor-core kernel with its
+    row tile padded to 16, in both operand orders, as a candidate for the decode of 16-bit x."""
     if smoke:
-        return [MatvecConfig(16, 256, 1), MatvecConfig(8, 256, 2)]
+        return [MatvecConfig(16, 256, 1), MatvecConfig(8, 256, 2), MatmulConfig(16, 32, 64, swap_ab=True)]
     unit = 128 if qtype == T.Q6_K else 64 if qtype == T.Q4_K else 32
-    out = []
-    for bn, bk, warps in itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8)):
+    out: list[Config] = []
+    for bn, bk, warps in itertools.product((8, 16, 32, 64), (256, 512), (4, 8)):
         if bk % unit or bn * bk > 16384:
             continue
         for split in sorted({1, auto_split_k(n, k, bn, bk)}):
             out.append(MatvecConfig(bn, bk, split, warps))
+    for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
+        out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
     return out
 
 
-def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: MatvecConfig) -> bool:
+def launch(x: torch.Tensor, w: PackedQuantWeight, out: torch.Tensor, cfg: Config) -> None:
+    if isinstance(cfg, MatmulConfig):
+        quant_matmul(x, w, out=out, config=cfg)
+    else:
+        quant_matvec(x, w, w.qtype, w.n, w.k, out=out, config=cfg)
+
+
+def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: Config) -> bool:
     """Within 1 % of the largest |ref| (bf16 output rounding), every element written."""
     out = torch.full((x.shape[0], w.n), float("nan"), dtype=x.dtype, device=x.device)
-    quant_matvec(x, w, w.qtype, w.n, w.k, out=out, config=cfg)
+    launch(x, w, out, cfg)
     got = out.double()
     return bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
 
 
-def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: MatvecConfig, calls: int) -> float:
+def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, calls: int) -> float:
     w0 = weights[0]
     out = torch.empty(x.shape[0], w0.n, dtype=x.dtype, device=x.device)
     run = [weights[i % len(weights)] for i in range(calls)]
 
     def step() -> None:
         for w in run:
-            quant_matvec(x, w, w.qtype, w.n, w.k, out=out, config=cfg)
+            launch(x, w, out, cfg)
 
     step()  # compiles
     torch.cuda.synchronize()
@@ -147,7 +161,12 @@ def main() -> int:
         gbs = nbytes / best[1] / 1e3 if math.isfinite(best[1]) else math.nan
         rows.append({"model": model, "name": name, "qtype": qtype.name, "n": n, "k": k, "mb": nbytes / 1e6,
                      "default": str(default), "default_us": default_us, "best": str(best[0]),
-                     "best_us": best[1], "gbs": gbs, "of_copy": gbs / ceiling})  # fmt: skip
+                     "best_us": best[1], "gbs": gbs, "of_copy": gbs / ceiling,
+                     "all": [(str(cfg), us) for cfg, us in results]})  # fmt: skip
+        mm = [r for r in timed if isinstance(r[0], MatmulConfig)]
+        if mm and not args.smoke:
+            b = min(mm, key=lambda r: r[1])
+            print(f"{model} {name} {qtype.name}: best tensor-core {b[1]:.2f} us {b[0]}", flush=True)
         print(f"{model} {name} {qtype.name}: default {default_us:.2f} us, best {best[1]:.2f} us {best[0]}",
               flush=True)  # fmt: skip
     if args.out:

@@ -33,7 +33,9 @@ class LlamaCppRunner:
             # On a GPU every layer goes there, with flash attention, as GPU.md's peer figures were taken.
             n_gpu_layers=-1 if config.device == "cuda" else 0,
             flash_attn=config.device == "cuda",
-            verbose=False,
+            # Its load log goes to the arm's log file (the worker's stderr): with verbose=False
+            # llama-cpp-python points fd 2 at /dev/null while loading, hiding why a load died.
+            verbose=True,
         )
         self.vocab = self.model.n_vocab()
 

@@ -25,7 +25,9 @@ class ArmProcess:
         self.name, self.spec, self.tree, self.log = name, spec, tree, log
         env = dict(os.environ)
         # The arm's tree first: its `strata` shadows the editable install (a meta-path finder, tried last).
-        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(package_root)])
+        # The caller's own PYTHONPATH stays after them (packages installed with --target live there).
+        inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([str(tree.root), str(package_root), *inherited])
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log_file: IO[str] = open(log, "w")  # noqa: SIM115 (closed in close())
         self.proc = subprocess.Popen(
@@ -61,7 +63,14 @@ class ArmProcess:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise WorkerFailed(f"arm {self.name} ({self.spec}) exited during {what}:\n{self._log_tail()}")
+            try:
+                code: int | None = self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise WorkerFailed(
+                f"arm {self.name} ({self.spec}) exited during {what} (exit status {code}; "
+                f"a negative status is the signal that ended it):\n{self._log_tail()}"
+            )
         reply: dict[str, Any] = json.loads(line)
         if "error" in reply:
             detail = reply.get("traceback", "")

@@ -13,15 +13,18 @@ libraries writing to fd 1) is sent to stderr, so the protocol channel carries on
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
 import time
 import traceback
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from .runners import WorkerConfig, build_runner
 from .workload import Workload
+
+if TYPE_CHECKING:
+    from .runners import WorkerConfig
 
 
 def _protocol_channel() -> IO[str]:
@@ -56,8 +59,15 @@ def _ready_info(config: WorkerConfig, load_s: float) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     channel = _protocol_channel()
+    # A crash inside a peer's C library then leaves the Python stack in the arm's log.
+    faulthandler.enable()
+    fields = json.loads(argv[0])
+    if fields.get("kind") == "llamacpp" and os.environ.get("STRATA_PEER_IMPORT_FIRST"):
+        import llama_cpp  # noqa: F401  (its CUDA libraries load before torch's: a diagnosis switch)
+    from .runners import WorkerConfig, build_runner
+
     try:
-        config = WorkerConfig(**json.loads(argv[0]))
+        config = WorkerConfig(**fields)
         t0 = time.perf_counter()
         runner = build_runner(config)
         _send(channel, _ready_info(config, time.perf_counter() - t0))

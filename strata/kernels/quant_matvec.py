@@ -72,12 +72,24 @@ def auto_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int = 132)
 
 
 def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int, num_sms: int = 132) -> MatvecConfig:
-    """A first guess, to be replaced by the sweep in benchmarks/gpu_kernels.py.
+    """The tile for one call: for M = 1, the best of benchmarks/gpu_matvec_graph.py's sweep on an H200
+    (2026-12-03, inside CUDA graphs, the 0.5B and 7B decode shapes; benchmarks/notes/gpu_engine.md).
 
-    16 rows per program and 256 elements per step keep one thread's quants at 16-32 bytes per step;
-    wider batches get shorter steps so that M per-row partial products fit in registers; K is split
-    by `auto_split_k`.
+    At M = 1, 512 elements per step and 8 rows per program (more programs, each with more bytes in
+    flight) beat the first guess by 1.1-1.6x; very tall matrices (gate+up, the output head) and
+    long rows (7B down) want taller tiles; Q6_K keeps 256-element steps except on long rows. Tiny
+    K (the 0.5B's 896) runs best with 8 warps. Wider batches keep the first guess, untuned: shorter
+    steps so that M per-row partial products fit in registers. K is split by `auto_split_k`.
     """
+    if m == 1:
+        block_n, block_k, warps = 8, 512, 8 if k <= 1024 else 4
+        if n >= 65536:  # an output head: 150k rows
+            block_n, block_k, warps = (32, 256, 4) if qtype in (_T.Q6_K, _T.Q4_K) else (64, 256, 4)
+        elif qtype == _T.Q6_K:
+            block_n, block_k = (32, 512) if k >= 8192 else (16, 256)
+        elif n >= 16384 or k >= 16384:
+            block_n = 16
+        return MatvecConfig(block_n, block_k, auto_split_k(n, k, block_n, block_k, num_sms), warps)
     block_k = max(_KERNELS[qtype][1], 256 if m <= 4 else 128)
     return MatvecConfig(16, block_k, auto_split_k(n, k, 16, block_k, num_sms))
 
