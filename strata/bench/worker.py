@@ -61,12 +61,12 @@ def main(argv: list[str]) -> int:
     channel = _protocol_channel()
     # A crash inside a peer's C library then leaves the Python stack in the arm's log.
     faulthandler.enable()
-    fields = json.loads(argv[0])
-    if fields.get("kind") == "llamacpp" and os.environ.get("STRATA_PEER_IMPORT_FIRST"):
-        import llama_cpp  # noqa: F401  (its CUDA libraries load before torch's: a diagnosis switch)
-    from .runners import WorkerConfig, build_runner
-
     try:
+        fields = json.loads(argv[0])
+        if fields.get("kind") == "llamacpp" and os.environ.get("STRATA_PEER_IMPORT_FIRST"):
+            import llama_cpp  # noqa: F401  (its CUDA libraries load before torch's: a diagnosis switch)
+        from .runners import WorkerConfig, build_runner
+
         config = WorkerConfig(**fields)
         t0 = time.perf_counter()
         runner = build_runner(config)
