@@ -1,6 +1,7 @@
 """The fused matvec as decode runs it: inside a CUDA graph, on the exact decode shapes, per tile config.
 
-    python benchmarks/gpu_matvec_graph.py [--models 0.5b,7b] [--m 1] [--calls 40] [--out DIR]
+    python benchmarks/gpu_matvec_graph.py [--models 0.5b,7b] [--types Q4_K,Q6_K] [--layouts blocks,planar]
+        [--tensor-core] [--m 1] [--calls 40] [--out DIR]
     python benchmarks/gpu_matvec_graph.py --smoke     # the script itself, in Triton's interpreter
 
 `benchmarks/gpu_kernels.py` times one launch at a time with do_bench, which for the 0.5B's small
@@ -12,6 +13,9 @@ time over the calls is the per-call figure. Each config is first checked against
 not timed. Shapes are those a decode step runs after strata's projection stacking (q+k+v or q+k,
 gate+up). The table lists, per shape, the default config's time, the best config and its time and
 effective bandwidth (weight bytes / time) as a fraction of the copy ceiling measured in the run.
+Q4_K shapes are swept once per `--layouts` entry (quant_pack's "blocks" and "planar" layouts, each
+with its own kernel); `--tensor-core` adds the tensor-core matmul as a candidate (rejected for M = 1
+on 2026-12-03: 2-3x slower than the matvec).
 """
 
 from __future__ import annotations
@@ -59,21 +63,28 @@ SMOKE_SHAPES = [("tiny", T.Q5_0, 40, 256), ("tiny", T.Q4_K, 40, 512)]
 Config = MatvecConfig | MatmulConfig
 
 
-def configs(qtype: GGMLQuantizationType, n: int, k: int, smoke: bool) -> list[Config]:
+def configs(
+    qtype: GGMLQuantizationType, n: int, k: int, layout: str, tensor_core: bool, smoke: bool
+) -> list[Config]:
     """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
-    compiled once per type (N and K are run-time arguments). Matmul: the tensor-core kernel with its
-    row tile padded to 16, in both operand orders, as a candidate for the decode of 16-bit x."""
+    compiled once per type (N and K are run-time arguments); the planar Q4_K kernel also tries
+    1,024-element steps and each config with prefetch. Matmul (with --tensor-core): the tensor-core
+    kernel with its row tile padded to 16, in both operand orders, as a candidate for the decode of
+    16-bit x."""
     if smoke:
         return [MatvecConfig(16, 256, 1), MatvecConfig(8, 256, 2), MatmulConfig(16, 32, 64, swap_ab=True)]
-    unit = 128 if qtype == T.Q6_K else 64 if qtype == T.Q4_K else 32
+    planar = layout == "planar"
+    unit = 32 if planar else 128 if qtype == T.Q6_K else 64 if qtype == T.Q4_K else 32
+    steps = (256, 512, 1024) if planar else (256, 512)
     out: list[Config] = []
-    for bn, bk, warps in itertools.product((8, 16, 32, 64), (256, 512), (4, 8)):
-        if bk % unit or bn * bk > 16384:
+    for bn, bk, warps in itertools.product((8, 16, 32, 64), steps, (4, 8)):
+        if bk % unit or bn * bk > (32768 if planar else 16384):
             continue
-        for split in sorted({1, auto_split_k(n, k, bn, bk)}):
-            out.append(MatvecConfig(bn, bk, split, warps))
-    for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
-        out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
+        for split, prefetch in itertools.product(sorted({1, auto_split_k(n, k, bn, bk)}), (False, planar)):
+            out.append(MatvecConfig(bn, bk, split, warps, prefetch))
+    if tensor_core:
+        for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
+            out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
     return out
 
 
@@ -120,6 +131,9 @@ def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, cal
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="0.5b,7b")
+    p.add_argument("--types", default="", help="only these quant types, e.g. Q4_K,Q6_K (default all)")
+    p.add_argument("--layouts", default="blocks,planar", help="Q4_K packings to sweep")
+    p.add_argument("--tensor-core", action="store_true", help="also time the tensor-core matmul")
     p.add_argument("--m", type=int, default=1, help="activation rows (1 = batch-1 decode)")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--smoke", action="store_true")
@@ -131,17 +145,24 @@ def main() -> int:
     shapes = [("smoke", *s) for s in SMOKE_SHAPES] if args.smoke else [
         (model, *s) for model in args.models.split(",") for s in SHAPES[model]
     ]  # fmt: skip
+    types = set(filter(None, args.types.split(",")))
+    shapes = [s for s in shapes if not types or s[2].name in types]
+    layouts = args.layouts.split(",")
+    shapes = [(*s, lay) for s in shapes for lay in (layouts if s[2] == T.Q4_K else ["blocks"])]
     rows, failures = [], 0
-    for model, name, qtype, n, k in shapes:
+    for model, name, qtype, n, k, layout in shapes:
         raw = random_weight(qtype, n, k, device, gen)
         nbytes = raw.numel()
         copies = 1 if args.smoke else max(1, min(args.calls, math.ceil(240e6 / nbytes)))
-        weights = [pack_quant_weight(raw.clone() if i else raw, qtype, n, k) for i in range(copies)]
+        weights = [pack_quant_weight(raw.clone() if i else raw, qtype, n, k, layout) for i in range(copies)]
+        nbytes = weights[0].nbytes  # the bytes the kernel reads (the planar layout has 4 more per 256)
+        name = f"{name} ({layout})" if qtype == T.Q4_K else name
         x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T
         default = default_config(qtype, args.m, n, k)
+        candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke)
         results = []
-        for cfg in [default, *[c for c in configs(qtype, n, k, args.smoke) if c != default]]:
+        for cfg in [default, *[c for c in candidates if c != default]]:
             try:
                 ok = check(x, weights[0], ref, cfg)
             except Exception as e:  # a config the compiler rejects (registers, shared memory)

@@ -5,7 +5,11 @@
 #   3. `strata bench ab strata strata --device cuda`: the token gate      (SKIP_AB=1)
 #   4. benchmarks/gpu_matvec_graph.py: matvec tiles timed in graphs       (MATVEC_SWEEP=1 adds it)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
+#      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py tells
+#      which import order lets llama-cpp-python load the model; STRATA_PEER_IMPORT_FIRST=1 then
+#      makes the bench's llamacpp arm import llama_cpp before torch.
 #   bash benchmarks/gpu_session.sh [gpu_engine.py arguments]
+# PYTEST_ARGS (e.g. "-k planar") and TESTS_TIMEOUT narrow stage 1; MATVEC_ARGS goes to stage 4.
 # Needs the gguf wheel in .whl (the machine has no gguf). Stages 4 and 5 take about 4 and 8 minutes:
 # give them their own call (SKIP_TESTS=1 SKIP_ENGINE=1 SKIP_AB=1 MATVEC_SWEEP=1 ...).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf*.whl || exit 1
@@ -14,11 +18,16 @@ OUT=${OUT:-/tmp/strata-out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null
+if [ -n "${PEER:-}" ]; then
+    JOBS=${PEER_JOBS:-12} bash benchmarks/llamacpp_cuda/build.sh >"$OUT/peer_build.txt" 2>&1 &
+    peer_build=$!
+fi
 tests="tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tests/test_kernels_fused.py
     tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill_attention.py
     tests/test_kernels_dequant_packed.py tests/test_model_kernel_path.py"
 if [ -z "${SKIP_TESTS:-}" ]; then
-    timeout 150 python3 -m pytest -q --noconftest -p no:cacheprovider $tests >"$OUT/pytest.txt" 2>&1
+    timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q --noconftest -p no:cacheprovider $tests ${PYTEST_ARGS:-} \
+        >"$OUT/pytest.txt" 2>&1
     echo "kernel tests: $(tail -1 "$OUT/pytest.txt")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -20
 fi
@@ -27,11 +36,18 @@ model=/tmp/strata-synth/qwen2.5-0.5b.gguf
 [ -f $model ] || { mkdir -p /tmp/strata-synth && python3 -m strata.cli synth qwen2.5-0.5b $model; }
 [ -n "${SKIP_AB:-}" ] || timeout 150 python3 -m strata.cli bench ab strata strata --device cuda --model $model \
     -p 512 -n 128 --pairs 2 --out "$OUT/ab" 2>&1 | tail -12
-[ -z "${MATVEC_SWEEP:-}" ] || timeout 300 python3 benchmarks/gpu_matvec_graph.py 2>&1 | tee "$OUT/matvec.txt" | tail -24
+[ -z "${MATVEC_SWEEP:-}" ] || timeout 300 python3 benchmarks/gpu_matvec_graph.py ${MATVEC_ARGS:-} 2>&1 |
+    tee "$OUT/matvec.txt" | tail -24
 if [ -n "${PEER:-}" ]; then
-    bash benchmarks/llamacpp_cuda/build.sh >"$OUT/peer_build.txt" 2>&1 || { tail -20 "$OUT/peer_build.txt"; exit 1; }
+    wait $peer_build || { tail -20 "$OUT/peer_build.txt"; exit 1; }
     tail -5 "$OUT/peer_build.txt"
+    timeout 200 python3 benchmarks/llamacpp_cuda/diag.py $model 2>&1 | tee "$OUT/peer_diag.txt"
+    # The bench worker imports torch first; if only that order crashes, import llama_cpp first.
+    grep -q "== torch first: exit" "$OUT/peer_diag.txt" && export STRATA_PEER_IMPORT_FIRST=1
     /tmp/llama-build/bin/llama-bench -m $model -p 512,2048 -n 128 -fa 1 -ngl 99 -r 3 2>&1 | tee "$OUT/llama_bench.txt"
+    # The ab folder holds many files; $OUT gets its summary and the peer's log only.
     timeout 200 python3 -m strata.cli bench ab strata llamacpp --device cuda --model $model -p 512 -n 128 \
-        --pairs 2 --out "$OUT/ab_llamacpp" 2>&1 | tail -12
+        --pairs 2 --out /tmp/ab_llamacpp 2>&1 | tail -12
+    cp /tmp/ab_llamacpp/summary.json "$OUT/ab_llamacpp_summary.json" 2>/dev/null
+    tail -c 20000 /tmp/ab_llamacpp/logs/B.log >"$OUT/ab_llamacpp_B.log" 2>/dev/null
 fi

@@ -29,3 +29,12 @@ def triton_on_cpu() -> bool:
     """STRATA_TRITON_ON_CPU=1: models built on the CPU take the GPU's kernel path (Triton kernels run
     in Triton's interpreter, which also needs TRITON_INTERPRET=1). For tests of that path without a GPU."""
     return os.environ.get("STRATA_TRITON_ON_CPU", "") not in ("", "0")
+
+
+def q4k_layout() -> str:
+    """STRATA_Q4K_LAYOUT: how Q4_K weights are packed for the GPU kernels, "blocks" (the GGUF blocks
+    as stored) or "planar" (see strata.kernels.quant_pack); the default is "blocks"."""
+    value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "blocks"
+    if value not in ("blocks", "planar"):
+        raise ValueError(f"STRATA_Q4K_LAYOUT={value!r} is not a layout; set blocks or planar, or unset it")
+    return value

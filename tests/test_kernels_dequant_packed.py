@@ -26,10 +26,12 @@ T = GGMLQuantizationType
 TYPES = [T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_K, T.Q6_K, T.Q2_K, T.IQ4_XS, T.IQ2_XS, T.IQ2_S]
 
 
-def _check(qtype: GGMLQuantizationType, n: int, blocks: int, dtype: torch.dtype, **tiles: int) -> None:
+def _check(
+    qtype: GGMLQuantizationType, n: int, blocks: int, dtype: torch.dtype, layout: str = "blocks", **tiles: int
+) -> None:
     k = GGML_QUANT_SIZES[qtype][0] * blocks
     raw = random_weight(qtype, n, k, seed=n * 31 + blocks)
-    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k)
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k, layout)
     out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
     got = dequantize_packed(packed, dtype, out=out, **tiles)
     assert got is out
@@ -42,6 +44,12 @@ def _check(qtype: GGMLQuantizationType, n: int, blocks: int, dtype: torch.dtype,
 def test_bit_equal_to_dequantize(qtype: GGMLQuantizationType, dtype: torch.dtype) -> None:
     # 37 rows and K of 3 blocks: partial row and column tiles (block_k 64 does not divide 96 or 768).
     _check(qtype, 37, 3, dtype, block_n=16, block_k=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_q4_k_planar_bit_equal(dtype: torch.dtype) -> None:
+    # The planar layout only moves bits: it decodes to the same values, bit for bit.
+    _check(T.Q4_K, 37, 3, dtype, "planar", block_n=16, block_k=64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="model-sized weights run only on CUDA")

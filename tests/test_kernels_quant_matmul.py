@@ -89,21 +89,30 @@ def test_matches_reference(qtype: GGMLQuantizationType, m: int, dtype: torch.dty
     check(qtype, m, 72, k_for(qtype), dtype, CONFIGS[m])
 
 
+@pytest.mark.parametrize("m", sorted(CONFIGS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_q4_k_planar_matches_reference(monkeypatch, m: int, dtype: torch.dtype):
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    check(T.Q4_K, m, 72, k_for(T.Q4_K), dtype, CONFIGS[m])
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_strided_x_and_one_tile(qtype: GGMLQuantizationType):
     # x rows 48 elements further apart than k; one program covers all of M and N (100 < 128).
     check(qtype, 5, 100, k_for(qtype), torch.float16, MatmulConfig(16, 128, 256), x_stride=k_for(qtype) + 48)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [*TYPES, "Q4_K planar"], ids=lambda t: getattr(t, "name", t))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_decoded_weights_are_exact(qtype: GGMLQuantizationType, dtype: torch.dtype):
+def test_decoded_weights_are_exact(qtype, dtype: torch.dtype):
     # x = I gives y = W^T: one product per output, so y must equal dequantize's values rounded to
     # x's dtype bit for bit (any other rounding of d * q - dmin * mn shows here).
+    layout = "planar" if qtype == "Q4_K planar" else "blocks"
+    qtype = T.Q4_K if layout == "planar" else qtype
     n, k = 24, GGML_QUANT_SIZES[qtype][0] * (2 if GGML_QUANT_SIZES[qtype][0] == 256 else 4)
     raw = random_weight(qtype, n, k, seed=3)
     expected = dequantize(raw, qtype, (n, k)).to(dtype).T
-    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k)
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k, layout)
     y = quant_matmul(torch.eye(k, dtype=dtype, device=DEVICE), packed, config=MatmulConfig(64, 32, 128))
     assert torch.equal(y.cpu(), expected)
 

@@ -125,6 +125,44 @@ def test_matches_reference(
     check(qtype, m, 37, k_for(qtype, blocks), dtype, config)
 
 
+@pytest.mark.parametrize("m,dtype,config", CASES, ids=lambda c: str(c)[:24])
+def test_q4_k_planar_matches_reference(monkeypatch, m: int, dtype: torch.dtype, config: MatvecConfig | None):
+    # The same cases through Q4_K's planar layout and its own kernel (whole sub-blocks per thread).
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    assert pack_quant_weight(random_weight(T.Q4_K, 1, 256, 0), T.Q4_K, 1, 256).layout == "planar"
+    check(T.Q4_K, m, 37, k_for(T.Q4_K, 5), dtype, config)
+
+
+@pytest.mark.parametrize(
+    "m,dtype,split_k", [(1, torch.float32, 1), (3, torch.bfloat16, 3), (16, torch.float16, 2)]
+)
+def test_q4_k_planar_prefetch_matches_reference(monkeypatch, m: int, dtype: torch.dtype, split_k: int):
+    # The prefetching loop: its look-ahead loads past each split's end must be masked off.
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    check(T.Q4_K, m, 37, k_for(T.Q4_K, 5), dtype, MatvecConfig(8, 128, split_k, prefetch=True))
+
+
+def test_prefetch_is_planar_only():
+    raw = random_weight(T.Q8_0, 4, 64, seed=1).to(DEVICE)
+    with pytest.raises(ValueError, match="prefetch is implemented for Q4_K's planar layout only"):
+        quant_matvec(
+            torch.randn(1, 64, device=DEVICE), raw, T.Q8_0, 4, 64, config=MatvecConfig(prefetch=True)
+        )
+
+
+@pytest.mark.parametrize("layout", ["blocks", "planar"])
+def test_q4_k_layouts_agree(layout: str):
+    # Both layouts hold the same values: the two kernels differ only in fp32 summation order.
+    n, k = 19, k_for(T.Q4_K, 3)
+    raw = random_weight(T.Q4_K, n, k, seed=21).to(DEVICE)
+    x = torch.randn(2, k, device=DEVICE)
+    cfg = MatvecConfig(8, 256, 2)
+    y = quant_matvec(x, pack_quant_weight(raw, T.Q4_K, n, k, layout), T.Q4_K, n, k, config=cfg)
+    y_raw = quant_matvec(x, raw, T.Q4_K, n, k, config=cfg)
+    bound = x.double().abs() @ dequantize(raw.cpu(), T.Q4_K, (n, k)).double().abs().T.to(DEVICE)
+    assert ((y.double() - y_raw.double()).abs() <= 2e-6 * bound).all()
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_raw_bytes_and_one_row(qtype: GGMLQuantizationType):
     # Unpacked bytes are packed by the call itself; a single output row and a single K block.
@@ -142,10 +180,16 @@ def test_every_codebook_entry(qtype: GGMLQuantizationType):
     check(qtype, 2, n, k, torch.float32, MatvecConfig(16, 128, 2), raw=raw)
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q2_K, T.IQ4_XS, T.IQ2_XS, T.IQ2_S], ids=lambda t: t.name)
+BIAS_CASES = [(t, "blocks") for t in (T.Q8_0, T.Q4_K, T.Q2_K, T.IQ4_XS, T.IQ2_XS, T.IQ2_S)] + [
+    (T.Q4_K, "planar")
+]
+
+
+@pytest.mark.parametrize("qtype,layout", BIAS_CASES, ids=lambda c: getattr(c, "name", c))
 @pytest.mark.parametrize("split_k", [1, 3])
-def test_bias_is_added_once(qtype: GGMLQuantizationType, split_k: int):
+def test_bias_is_added_once(monkeypatch, qtype: GGMLQuantizationType, layout: str, split_k: int):
     # With split-K only split 0 adds the bias; a bias added per split would be off by (splits - 1) * b.
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", layout)
     n, k = 37, k_for(qtype, 5 if GGML_QUANT_SIZES[qtype][0] == 256 else 11)
     raw = random_weight(qtype, n, k, seed=11)
     x = torch.randn(3, k)
@@ -161,10 +205,13 @@ def test_bias_is_added_once(qtype: GGMLQuantizationType, split_k: int):
 
 
 @cuda_only
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [*TYPES, "Q4_K planar"], ids=lambda t: getattr(t, "name", t))
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k", [(4864, 896), (896, 4864), (3584, 3584)])
-def test_model_shapes_cuda(qtype: GGMLQuantizationType, m: int, n: int, k: int):
+def test_model_shapes_cuda(monkeypatch, qtype, m: int, n: int, k: int):
+    if qtype == "Q4_K planar":
+        monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+        qtype = T.Q4_K
     if k % GGML_QUANT_SIZES[qtype][0]:
         pytest.skip(f"k={k} is not a multiple of the {qtype.name} block")
     check(qtype, m, n, k, torch.bfloat16, None)

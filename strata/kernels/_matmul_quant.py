@@ -34,6 +34,13 @@ Q2_K: tl.constexpr = tl.constexpr(10)
 IQ2_XS: tl.constexpr = tl.constexpr(17)
 IQ2_S: tl.constexpr = tl.constexpr(22)
 IQ4_XS: tl.constexpr = tl.constexpr(23)
+# Not a GGML id: Q4_K in quant_pack's planar layout (`kernel_type` picks it).
+Q4_K_PLANAR: tl.constexpr = tl.constexpr(112)
+
+
+def kernel_type(qtype: int, layout: str) -> int:
+    """The QTYPE the kernels branch on for a packed weight of this GGML type and layout."""
+    return Q4_K_PLANAR.value if layout == "planar" else qtype
 
 
 @triton.jit
@@ -73,6 +80,13 @@ def _group_scales(QTYPE: tl.constexpr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s
         sc, mn = _q4_k_scale_min(p0_ptr, hdr, (t3 % 16) // 2)
         mul = tl.load(p1_ptr + hdr // 2).to(tl.float32) * sc
         sub = tl.load(p1_ptr + hdr // 2 + 1).to(tl.float32) * mn
+    elif QTYPE == Q4_K_PLANAR:
+        # Sub-block t // 2's unpacked scale (p1) and min (p2); d, dmin of super-block t // 16 (p3).
+        dm = p3_ptr + r3 * s3 + (t3 // 16) * 2
+        mul = tl.load(dm).to(tl.float32) * exact_float(tl.load(p1_ptr + r3 * s1 + t3 // 2).to(tl.int32), 0)
+        sub = tl.load(dm + 1).to(tl.float32) * exact_float(
+            tl.load(p2_ptr + r3 * s2 + t3 // 2).to(tl.int32), 0
+        )
     elif QTYPE == Q6_K:
         # The int8 scale of group t times the super-block's d.
         d = tl.load(p3_ptr + r3 * s3 + t3 // 16).to(tl.float32)
@@ -146,6 +160,11 @@ def _group_quants(QTYPE: tl.constexpr, p0_ptr, p1_ptr, r3, t3, i3, s0, s1):
         byte = (t3 // 16) * 144 + 16 + (j // 2) * 32 + (t3 % 2) * 16
         q = tl.load(p0_ptr + r3 * s0 + byte + i3).to(tl.int32)
         w = exact_float((q >> (4 * (j % 2))) & 15, 0)
+    elif QTYPE == Q4_K_PLANAR:
+        # Element u = 16(t % 2) + i of sub-block t // 2 is nibble u // 4 of its 32-bit word u % 4.
+        u = (t3 % 2) * 16 + i3
+        q = tl.load(p0_ptr + r3 * s0 + (t3 // 2) * 16 + 4 * (u % 4) + u // 8).to(tl.int32)
+        w = exact_float((q >> (4 * ((u // 4) % 2))) & 15, 0)
     else:
         # Q6_K, half g = t // 8 of a super-block: element 32s + i (s = 0..3) takes its low 4 bits from
         # ql byte 64g + 32(s % 2) + i (low nibble for s < 2) and its high 2 bits from bits 2s, 2s + 1
@@ -214,7 +233,7 @@ def quant_matmul_kernel(
         q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
         t_next = tl.minimum(k0 // 16 + NT + groups, last_group)
         mul_next, sub_next = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_next, s0, s1, s2, s3)
-        w = mul * q - sub if QTYPE == Q4_K else mul * q
+        w = mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR else mul * q  # noqa: SIM109
         mul, sub = mul_next, sub_next
         w = tl.reshape(w, (BLOCK_N, BLOCK_K))
         if BF16_AS_F32:

@@ -4,6 +4,7 @@ Same structure as `_matvec_legacy`: BLOCK_N rows per program, a 1/SPLIT_K share 
 into exact float32 integers and dotted with x per sub-block, and the sub-block's float32 scale
 (fp16 super-block scale times the integer sub-block scale, as gguf rounds it) applied to that sum.
 Q4_K reads the raw GGUF blocks; Q6_K reads the `quant_pack` planes (ql, qh, scales, d).
+Q4_K's planar layout has its own kernel, in `_matvec_q4k_planar`.
 """
 
 import triton

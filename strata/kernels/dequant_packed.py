@@ -16,7 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels._matmul_quant import Q4_K, _bf16_in_f32, _group_quants, _group_scales
+from strata.kernels._matmul_quant import (
+    Q4_K,
+    Q4_K_PLANAR,
+    _bf16_in_f32,
+    _group_quants,
+    _group_scales,
+    kernel_type,
+)
 from strata.kernels.quant_matmul import MATMUL_TYPES, _kernel_args
 from strata.kernels.quant_pack import PackedQuantWeight
 
@@ -38,7 +45,7 @@ def _dequant_kernel(
     i3 = tl.arange(0, 16)[None, None, :]
     mul, sub = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s0, s1, s2, s3)
     q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
-    w = tl.reshape(mul * q - sub if QTYPE == Q4_K else mul * q, (BLOCK_N, BLOCK_K))
+    w = tl.reshape(mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR else mul * q, (BLOCK_N, BLOCK_K))  # noqa: SIM109
     if ROUND_BF16:
         w = _bf16_in_f32(w)
     kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -79,7 +86,7 @@ def dequantize_packed(
     grid = (triton.cdiv(w.n, block_n), triton.cdiv(w.k, block_k))
     _dequant_kernel[grid](
         out, *planes, w.n, w.k, out.stride(0), *strides,
-        QTYPE=int(w.qtype), BLOCK_N=block_n, BLOCK_K=block_k,
+        QTYPE=kernel_type(int(w.qtype), w.layout), BLOCK_N=block_n, BLOCK_K=block_k,
         # Triton's interpreter truncates fp32 -> bf16 casts; round to nearest even by hand there.
         ROUND_BF16=dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
         # No FMA contraction: d * q - dmin * mn must round as dequantize rounds it.

@@ -15,7 +15,7 @@ import torch
 import triton
 from gguf.constants import GGMLQuantizationType
 
-from strata.kernels._matmul_quant import quant_matmul_kernel
+from strata.kernels._matmul_quant import kernel_type, quant_matmul_kernel
 from strata.kernels._matvec_lowbit import codebook
 from strata.kernels.quant_pack import PackedQuantWeight
 
@@ -81,7 +81,7 @@ def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
     if w.qtype in (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S):
         # The group decoders read quants from p0 and p1 only: the table goes second.
         planes.insert(1, codebook(w.qtype, w.device))
-    if w.qtype == _T.Q4_K:
+    if w.qtype == _T.Q4_K and w.layout == "blocks":
         # The fp16 view of the raw blocks reads d and dmin without assembling bytes.
         planes.append(planes[0].view(torch.float16))
     planes += [planes[0]] * (4 - len(planes))
@@ -142,7 +142,8 @@ def quant_matmul(
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     quant_matmul_kernel[grid](
         x, out, *planes, m, n, k, x.stride(0), out.stride(0), *strides,
-        QTYPE=int(w.qtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        QTYPE=kernel_type(int(w.qtype), w.layout),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, EVEN_K=k % cfg.block_k == 0, BF16_AS_F32=bf16_as_f32,
         PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -23,6 +23,7 @@ from strata.kernels._matvec_lowbit import (
     iq4_xs_matvec_kernel,
     q2_k_matvec_kernel,
 )
+from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 
 _T = GGMLQuantizationType
@@ -41,18 +42,22 @@ _KERNELS = {
     _T.IQ2_XS: (iq2_xs_matvec_kernel, 8),
     _T.IQ2_S: (iq2_s_matvec_kernel, 8),
 }
+# Q4_K's planar layout (quant_pack): its own kernel, in whole 32-element sub-blocks.
+_Q4_K_PLANAR = (q4_k_planar_matvec_kernel, 32)
 _CODEBOOK_TYPES = (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S)
 MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 
 
 @dataclass(frozen=True)
 class MatvecConfig:
-    """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k."""
+    """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k.
+    `prefetch` (Q4_K's planar kernel only) issues each step's loads one step ahead."""
 
     block_n: int = 16
     block_k: int = 256
     split_k: int = 1
     num_warps: int = 4
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -95,6 +100,11 @@ def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int, num_sms:
 
 
 def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
+    if w.layout == "planar":
+        # The int32 view of qs: one 16-byte load is one sub-block.
+        qs, *rest = w.planes
+        planes = [qs.view(torch.int32), *rest]
+        return planes, [p.stride(0) for p in planes]
     if w.qtype == _T.Q4_K:
         (raw,) = w.planes
         # The fp16 view of the same bytes reads d and dmin without assembling bytes.
@@ -163,9 +173,15 @@ def quant_matvec(
         )
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     cfg = config or default_config(qtype, m, n, k, num_sms)
-    kernel, unit = _KERNELS[qtype]
+    planar = packed.layout == "planar"
+    kernel, unit = _Q4_K_PLANAR if planar else _KERNELS[qtype]
     if cfg.block_k % unit:
         raise ValueError(f"{qtype.name} needs block_k to be a multiple of {unit}, got {cfg.block_k}")
+    if cfg.prefetch and not planar:
+        raise ValueError(
+            f"MatvecConfig.prefetch is implemented for Q4_K's planar layout only, not {qtype.name}"
+        )
+    extra = {"PREFETCH": cfg.prefetch} if planar else {}
     # Split-K partials go to an fp32 workspace summed afterwards: deterministic, unlike atomics.
     y = out if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
     stride_ys = 0 if cfg.split_k == 1 else y.stride(0)
@@ -174,7 +190,7 @@ def quant_matvec(
     kernel[grid](
         x, y, y if bias is None else bias, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps,
+        SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps, **extra,
     )  # fmt: skip
     if cfg.split_k > 1:
         out.copy_(y.sum(0))

@@ -7,6 +7,13 @@ tensor. It only moves bytes: every value the kernels decode is the one `strata.q
 decodes from the raw tensor, and the planes hold exactly as many bytes as the raw tensor. Q4_K needs
 no regrouping (its 144-byte blocks keep the quants 16-byte aligned), so its one plane is the raw
 tensor itself. Pack once when a layer is built, not per call.
+
+Q4_K also has a second layout, "planar" (`Q4_K_PLANAR`), made for a matvec whose every thread owns
+whole 32-element sub-blocks: the 6-bit scales and mins unpacked to one byte each (planes sc and mn),
+d and dmin side by side (plane dm), and each sub-block's 32 nibbles in 16 bytes (plane qs) ordered so
+that nibble i of the sub-block's little-endian 32-bit word r is element 4i + r. The decoded values
+are the same; the planes hold 148 bytes per 256 elements instead of 144. STRATA_Q4K_LAYOUT picks the
+layout that layers are packed in.
 """
 
 from __future__ import annotations
@@ -16,7 +23,10 @@ from dataclasses import dataclass
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from strata import env
+
 _T = GGMLQuantizationType
+LAYOUTS = ("blocks", "planar")
 
 # Per type: the planes as (start, end) byte ranges within one block, and each plane's element dtype.
 _FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, torch.dtype], ...]] = {
@@ -57,6 +67,11 @@ class PackedQuantWeight:
     planes: tuple[torch.Tensor, ...]
 
     @property
+    def layout(self) -> str:
+        """ "planar" for Q4_K's four-plane layout (see the module docstring), else "blocks"."""
+        return "planar" if self.qtype == _T.Q4_K and len(self.planes) == 4 else "blocks"
+
+    @property
     def device(self) -> torch.device:
         return self.planes[0].device
 
@@ -86,12 +101,19 @@ def check_weight_bytes(w_bytes: torch.Tensor, qtype: GGMLQuantizationType, n: in
 
 
 def pack_quant_weight(
-    w_bytes: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int
+    w_bytes: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int, layout: str | None = None
 ) -> PackedQuantWeight:
-    """Split raw GGUF bytes of an (n, k) weight into the planes the matvec kernels read."""
+    """Split raw GGUF bytes of an (n, k) weight into the planes the matvec kernels read.
+
+    `layout` matters for Q4_K only: "blocks" or "planar" (default: STRATA_Q4K_LAYOUT)."""
     check_weight_bytes(w_bytes, qtype, n, k)
+    layout = layout or env.q4k_layout()
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = w_bytes.reshape(n, k // block_size, type_size)
+    if qtype == _T.Q4_K and layout == "planar":
+        return PackedQuantWeight(qtype, n, k, _q4_k_planes(blocks))
     planes = []
     for start, end, dtype in _FIELDS[qtype]:
         plane = blocks[:, :, start:end]
@@ -100,3 +122,23 @@ def pack_quant_weight(
             plane = plane.clone(memory_format=torch.contiguous_format)
         planes.append(plane.view(dtype).reshape(n, -1))
     return PackedQuantWeight(qtype, n, k, tuple(planes))
+
+
+def _q4_k_planes(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(n, k / 256, 144) Q4_K blocks -> the planar layout's qs, sc, mn (uint8) and dm (fp16) planes."""
+    n, nb, _ = blocks.shape
+    raw = blocks.to(torch.int32)
+    # gguf's get_scale_min: sub-block j < 4 keeps 6 bits of bytes j (scale) and j + 4 (min); j >= 4
+    # takes 4 bits from byte j + 4 and the top 2 bits of bytes j - 4 (scale) and j (min).
+    s = raw[:, :, 4:16]
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], dim=-1)
+    mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], dim=-1)
+    # Chunk c's 32 bytes: low nibbles are sub-block 2c, high nibbles 2c + 1, element u at byte u.
+    qs = raw[:, :, 16:].reshape(n, nb, 4, 1, 32)
+    nib = torch.cat([qs & 15, qs >> 4], dim=3).reshape(n, nb, 8, 8, 4)  # (.., sub-block, i, r): u = 4i + r
+    nib = nib.transpose(3, 4)  # (.., r, i): word r's nibble i
+    packed = nib[..., 0::2] | (nib[..., 1::2] << 4)  # byte i // 2 of word r
+    planes = (packed, sc, mn)
+    qs_plane, sc_plane, mn_plane = (p.to(torch.uint8).reshape(n, -1).contiguous() for p in planes)
+    dm = blocks[:, :, 0:4].contiguous().view(torch.float16).reshape(n, -1)
+    return qs_plane, sc_plane, mn_plane, dm

@@ -1,0 +1,94 @@
+"""Fused dequant + matvec for Q4_K in quant_pack's planar layout.
+
+Built unlike the block kernels: every thread owns whole 32-element sub-blocks of a few rows (one
+16-byte load each), dots them in registers and applies the sub-block's scale and min to its own
+partial sums; the one cross-thread reduction is at the end. Per weight: a mask-or (the nibble into a
+float mantissa), a subtraction and an FMA; nibbles 0-4 are taken in place and 5-7 after one shift per
+word, their powers of 16 moved onto x. With PREFETCH each step issues the next step's loads before it
+computes, so a thread keeps two steps of weights in flight instead of one.
+"""
+
+import triton
+import triton.language as tl
+
+from strata.kernels._bits import exact_float, split_range, store_rows
+
+
+@triton.jit
+def _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, stride_qs, stride_sc, stride_mn, stride_dm):
+    """The raw planes of sub-blocks s (NS,) of rows rc: words (BLOCK_N, NS, 4), sc, mn, d, dmin."""
+    ir = tl.arange(0, 4)
+    words = tl.load(
+        qs_ptr + rc[:, None, None] * stride_qs + 4 * s[None, :, None] + ir[None, None, :],
+        mask=sv[None, :, None],
+        other=0,
+    )
+    sc = tl.load(sc_ptr + rc[:, None] * stride_sc + s[None, :], mask=sv[None, :], other=0)
+    mn = tl.load(mn_ptr + rc[:, None] * stride_mn + s[None, :], mask=sv[None, :], other=0)
+    dm_at = dm_ptr + rc[:, None] * stride_dm + (s // 8)[None, :] * 2
+    d = tl.load(dm_at, mask=sv[None, :], other=0)
+    dmin = tl.load(dm_at + 1, mask=sv[None, :], other=0)
+    return words, sc, mn, d, dmin
+
+
+@triton.jit
+def _step(acc, x_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M: tl.constexpr, M_PAD: tl.constexpr):
+    """acc (M_PAD, BLOCK_N, NS) += each row's dot with x over sub-blocks s, per sub-block."""
+    ir = tl.arange(0, 4)
+    upper = words >> 12  # nibbles 5-7 at bits 8-19 (the sign fill above bit 19 is masked off)
+    d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)  # exact, as dequantize's d * sc
+    d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
+    for m in tl.static_range(M):
+        x_at = x_ptr + m * stride_xm + s[:, None] * 32 + ir[None, :]  # element 4i + r at + 4i
+        dot = tl.zeros(words.shape, tl.float32)
+        xsum = tl.zeros((s.shape[0], 4), tl.float32)
+        for i in tl.static_range(8):
+            xi = tl.load(x_at + 4 * i, mask=sv[:, None], other=0).to(tl.float32)
+            xsum += xi
+            # q * 16^p exactly from the nibble masked in place (p = i, or i - 3 after the shift);
+            # x * 16^-p is exact too, so each product is q * x.
+            p = i if i < 5 else i - 3
+            src = words if i < 5 else upper
+            q = exact_float(src & (15 << (4 * p)), 0)
+            dot += q * (xi * (1.0 / (1 << (4 * p))))[None, :, :]
+        part = d_sc * tl.sum(dot, 2) - d_mn * tl.sum(xsum, 1)[None, :]
+        if M_PAD == 1:
+            acc += part[None, :, :]
+        else:
+            acc += tl.where(tl.arange(0, M_PAD)[:, None, None] == m, part[None, :, :], 0.0)
+    return acc
+
+
+@triton.jit
+def q4_k_planar_matvec_kernel(
+    x_ptr, y_ptr, b_ptr, qs_ptr, sc_ptr, mn_ptr, dm_ptr,
+    N, K,
+    stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
+    M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    # qs is the int32 view: sub-block s is words 4s..4s+3, and nibble i of word r is element 4i + r.
+    NS: tl.constexpr = BLOCK_K // 32
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rc = tl.minimum(rows, N - 1)
+    js = tl.arange(0, NS)
+    lo, hi = split_range(K // 32, NS, SPLIT_K)
+    strides = (stride_qs, stride_sc, stride_mn, stride_dm)
+    acc = tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
+    if PREFETCH:
+        s = lo + js
+        words, sc, mn, d, dmin = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides)
+        for s0 in range(lo, hi, NS):
+            s = s0 + js
+            # The next step's loads (masked off past the end) go out before this step computes.
+            sn = s + NS
+            w_n, sc_n, mn_n, d_n, dmin_n = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides)
+            acc = _step(acc, x_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD)
+            words, sc, mn, d, dmin = w_n, sc_n, mn_n, d_n, dmin_n
+    else:
+        for s0 in range(lo, hi, NS):
+            s = s0 + js
+            sv = s < hi
+            words, sc, mn, d, dmin = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides)
+            acc = _step(acc, x_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD)
+    store_rows(y_ptr, tl.sum(acc, 2), rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
