@@ -31,6 +31,13 @@ def _device_options(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: bfloat16 on a GPU, float32 on the CPU",
     )
+    p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split every layer over N ranks: N GPUs on cuda, N processes on the CPU (default 1)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -134,7 +141,7 @@ def _serve(args: argparse.Namespace) -> None:
     )
     num_blocks = -(-args.kv_tokens // args.block_size)
     engine = EngineConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=scheduler)
-    model = ModelConfig(path, args.dtype, args.chat_template, args.device)
+    model = ModelConfig(path, args.dtype, args.chat_template, args.device, args.tensor_parallel)
     commands.serve(model, engine, server, model_config)
 
 
@@ -160,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                 top_k=args.top_k,
                 seed=args.seed,
             )
-            config = ModelConfig(resolve_model(args.model), args.dtype, args.chat_template, args.device)
+            config = ModelConfig(
+                resolve_model(args.model), args.dtype, args.chat_template, args.device, args.tensor_parallel
+            )
             request = commands.GenerateRequest(args.text, args.chat, sampling, protect=not args.trust_prompts)
             commands.generate(config, request)
         elif args.command == "serve":

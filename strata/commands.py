@@ -91,12 +91,15 @@ def tokenize(path: Path, request: TokenizeRequest, out: TextIO | None = None) ->
 def generate(config: ModelConfig, request: GenerateRequest, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     llm = LLM(config, progress=True)
-    ids = prompt_ids(llm, request.text, request.chat, request.protect)
-    decoder = StreamDecoder(llm.tokenizer)
-    for token in llm.generate(ids, request.sampling):
-        out.write(decoder.push(token))
-        out.flush()
-    out.write(decoder.flush() + "\n")
+    try:
+        ids = prompt_ids(llm, request.text, request.chat, request.protect)
+        decoder = StreamDecoder(llm.tokenizer)
+        for token in llm.generate(ids, request.sampling):
+            out.write(decoder.push(token))
+            out.flush()
+        out.write(decoder.flush() + "\n")
+    finally:
+        llm.close()  # ends the tensor-parallel followers, if any
     s = llm.stats
     print(
         f"[{s.prompt_tokens} prompt tokens, prefill {s.prefill_s * 1e3:.0f} ms "

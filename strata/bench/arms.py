@@ -18,6 +18,8 @@ OPTIONS: dict[str, frozenset[str]] = {
             "prefix_cache",
             "cuda_graphs",
             "prefill_kernel",
+            "q4k_layout",
+            "tensor_parallel",
         }
     ),
     "llamacpp": frozenset({"threads", "model", "n_batch"}),

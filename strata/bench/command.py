@@ -46,6 +46,14 @@ def add_arguments(bench: argparse.ArgumentParser, model_help: str, default_model
         p.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids")
         p.add_argument("--threads", type=int, default=None, help="CPU threads per arm (default: all cores)")
         p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+        p.add_argument(
+            "--tensor-parallel",
+            type=int,
+            default=1,
+            metavar="N",
+            help="strata arms run on N ranks (processes; one GPU each on cuda), unless an arm sets "
+            "tensor_parallel=N itself",
+        )
         p.add_argument("--warmup", type=int, default=1, help="warm-up runs per arm")
         p.add_argument("--settle", type=float, default=0.5, help="seconds of pause before each run")
         p.add_argument("--out", type=Path, default=None, help="output folder (default bench-out/<time>)")
@@ -87,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         settle_s=args.settle,
         argv=tuple(sys.argv),
+        tensor_parallel=args.tensor_parallel,
     )
     try:
         if args.bench_command == "ab":

@@ -6,12 +6,11 @@ used here is the arm's, so it sticks to the engine's long-lived interface (add_r
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-import torch
 
 from .workload import Workload
 
@@ -50,18 +49,25 @@ class StrataRunner:
     """strata's `LLMEngine`, built as the server builds it; a fresh engine (empty prefix cache) per run."""
 
     def __init__(self, config: WorkerConfig) -> None:
+        import torch
+
         from strata.engine.llm import LLM, ModelConfig
 
         torch.set_num_threads(config.threads)
         opts = config.options
         # GPU options are passed only on the GPU, so CPU runs of commits older than them still work.
         self.gpu = config.device == "cuda"
-        gpu = {"device": config.device} if self.gpu else {}
+        gpu: dict[str, Any] = {"device": config.device} if self.gpu else {}
+        if "tensor_parallel" in opts:  # likewise only when asked for (the harness sets it for N > 1)
+            gpu["tensor_parallel"] = int(opts["tensor_parallel"])
+        if "q4k_layout" in opts:
+            # Read when the layers pack their weights; this worker process builds one model.
+            os.environ["STRATA_Q4K_LAYOUT"] = opts["q4k_layout"]
         self.llm = LLM(
             ModelConfig(config.model_path, opts.get("dtype", "bfloat16" if self.gpu else "float32"), **gpu)
         )
         self.cuda_graphs = opts.get("cuda_graphs", "1") not in ("0", "false", "no")
-        self.prefill_kernel = opts.get("prefill_kernel", "0") not in ("0", "false", "no")
+        self.prefill_kernel = opts.get("prefill_kernel", "1") not in ("0", "false", "no")
         self.block_size = int(opts.get("block_size", 16))
         self.max_batched_tokens = int(opts["max_batched_tokens"]) if "max_batched_tokens" in opts else None
         self.prefix_cache = opts.get("prefix_cache", "1") not in ("0", "false", "no")

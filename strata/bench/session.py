@@ -35,6 +35,7 @@ class BenchConfig:
     warmup: int = 1  # untimed-for-the-summary runs per arm before the measured ones
     settle_s: float = 0.5  # pause before each run, so the other worker's spinning threads go to sleep
     argv: tuple[str, ...] = field(default=())
+    tensor_parallel: int = 1  # --tensor-parallel: strata arms' ranks, unless an arm sets its own
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -67,7 +68,7 @@ class Session:
                 worker = WorkerConfig(
                     kind=spec.kind,
                     model=str(self.model_of(spec)),
-                    options={k: v for k, v in spec.options.items() if k not in ("threads", "model")},
+                    options=self.options_of(spec),
                     threads=int(spec.options.get("threads", config.threads)),
                     device=config.device,
                     max_context=config.workload.max_context,
@@ -79,6 +80,13 @@ class Session:
         except BaseException:
             self.close()
             raise
+
+    def options_of(self, spec: ArmSpec) -> dict[str, str]:
+        """The arm's options for its worker; a strata arm gets --tensor-parallel unless it sets its own."""
+        options = {k: v for k, v in spec.options.items() if k not in ("threads", "model")}
+        if spec.kind == "strata" and self.config.tensor_parallel > 1:
+            options.setdefault("tensor_parallel", str(self.config.tensor_parallel))
+        return options
 
     def model_of(self, spec: ArmSpec) -> Path:
         """The arm's own `model=` (a packaged name or a path), else the session's model; absolute."""

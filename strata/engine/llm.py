@@ -14,6 +14,8 @@ from strata.engine.sampler import SamplingParams, max_new_tokens, sample_batch
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.models import build_model
+from strata.parallel.launch import start_tensor_parallel
+from strata.parallel.leader import Leader
 from strata.prompt.loading import load_prompt_side
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -28,12 +30,27 @@ class ModelConfig:
     dtype: str = "float32"  # "auto": bfloat16 on a GPU, float32 on the CPU
     chat_template: str | None = None  # a built-in template's name, instead of the file's own
     device: str = "cpu"  # "auto": the GPU when torch sees one
+    tensor_parallel: int = 1  # ranks (processes; one GPU each on cuda) that each hold 1/N of every layer
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"device {self.device!r} is not supported; choose one of {', '.join(DEVICES)}")
         if self.device == "auto":
             object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
+        n = self.tensor_parallel
+        if n < 1:
+            raise ValueError(f"--tensor-parallel {n}: the number of ranks must be at least 1")
+        if n > 1 and self.device == "cuda":
+            gpus = torch.cuda.device_count()
+            if gpus == 0:
+                raise ValueError(
+                    "device 'cuda' was asked for, but torch sees no CUDA GPU here; use --device cpu"
+                )
+            if n > gpus:
+                raise ValueError(
+                    f"--tensor-parallel {n} needs {n} GPUs (one per rank), but torch sees {gpus} here; use "
+                    f"--tensor-parallel {gpus} or fewer, or --device cpu (where the ranks are processes)"
+                )
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "bfloat16" if self.device == "cuda" else "float32")
         if self.dtype not in DTYPES:
@@ -68,18 +85,25 @@ class LLM:
         self.gguf = GGUFFile(config.path)
         self.spec = ModelSpec.from_gguf(self.gguf)
         self.tokenizer, self.chat_template = load_prompt_side(self.gguf.metadata, config.chat_template)
-        self.model = build_model(
-            self.gguf, self.spec, DTYPES[config.dtype], progress=progress, device=config.device
-        )
+        dtype = DTYPES[config.dtype]
+        self.leader: Leader | None = None
+        if config.tensor_parallel == 1:
+            self.model = build_model(self.gguf, self.spec, dtype, progress=progress, device=config.device)
+        else:
+            self.model, self.leader = start_tensor_parallel(self.gguf, self.spec, config, dtype, progress)
         self.stats = GenerationStats()
+
+    def close(self) -> None:
+        """End the tensor-parallel followers, if any (also done at interpreter exit)."""
+        if self.leader is not None:
+            self.leader.close()
 
     @torch.inference_mode()
     def prompt_logits(self, ids: list[int]) -> torch.Tensor:
         """(len(ids), vocab) float32 logits at every prompt position, in one prefill."""
         kv = self._kv_cache(len(ids))
         meta = AttentionMetadata.contiguous(0, len(ids), self.model.device)
-        hidden = self.model(torch.tensor(ids, device=self.model.device), kv, meta)
-        return self.model.compute_logits(hidden)
+        return self.model.step(torch.tensor(ids, device=self.model.device), kv, meta, slice(None))
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
@@ -99,8 +123,7 @@ class LLM:
         t0 = time.perf_counter()
         while stats.generated_tokens < limit:
             meta = AttentionMetadata.contiguous(start, len(ids), self.model.device)
-            hidden = self.model(torch.tensor(ids, device=self.model.device), kv, meta)
-            logits = self.model.compute_logits(hidden[-1:])
+            logits = self.model.step(torch.tensor(ids, device=self.model.device), kv, meta, slice(-1, None))
             token = sample_batch(logits, [params], [generator], [history], [len(prompt_ids)]).token_ids[0]
             now = time.perf_counter()
             if start == 0:
@@ -124,7 +147,6 @@ class LLM:
         return max_new_tokens(params, prompt_len, self.spec.context_length)
 
     def _kv_cache(self, num_tokens: int) -> KVCache:
-        s = self.spec
-        return KVCache(
-            s.num_layers, num_tokens, s.num_kv_heads, s.head_dim, self.model.dtype, self.model.device
-        )
+        s, model = self.spec, self.model
+        kv_heads = model.place.tp.local(s.num_kv_heads)  # this rank's heads under tensor parallelism
+        return KVCache(s.num_layers, num_tokens, kv_heads, s.head_dim, model.dtype, model.device)

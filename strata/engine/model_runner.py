@@ -93,10 +93,14 @@ class ModelRunner:
         self.kernels, self.prefill_kernel = model.place.kernels, prefill_kernel
         # One block past the pool: the scratch block that padding rows of a captured batch write to.
         slots = (num_blocks + 1) * block_size
-        self.kv = KVCache(s.num_layers, slots, s.num_kv_heads, s.head_dim, model.dtype, model.device)
+        # Under tensor parallelism each rank's pool holds only its own KV heads.
+        kv_heads = model.place.tp.local(s.num_kv_heads)
+        self.kv = KVCache(s.num_layers, slots, kv_heads, s.head_dim, model.dtype, model.device)
         self.max_blocks = -(-s.context_length // block_size)
         self.graphs: DecodeGraphs | None = None
-        if cuda_graphs and self.device.type == "cuda":
+        # Not yet with tensor parallelism: capturing the collectives (and replaying them on every rank
+        # in step) is unwritten, so those decode steps run eagerly.
+        if cuda_graphs and self.device.type == "cuda" and model.place.tp.size == 1:
             self.graphs = DecodeGraphs(
                 model, self.kv, block_size, self.max_blocks, num_blocks, graph_batch_sizes
             )
@@ -187,6 +191,4 @@ class ModelRunner:
             # One token per sequence, so rows index sequences; all due is the common case: no copy.
             return RunnerOutput(due, logits if len(rows) == len(batch.seqs) else logits[rows])
         ids_t, meta = self.prepare(batch)
-        hidden = self.model(ids_t, self.kv, meta)
-        logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0, 0)
-        return RunnerOutput(due, logits)
+        return RunnerOutput(due, self.model.step(ids_t, self.kv, meta, rows))

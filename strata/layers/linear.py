@@ -12,6 +12,8 @@ from torch import nn
 
 from strata.gguf.reader import GGUFFile
 from strata.layers.placement import Placement
+from strata.parallel.group import all_reduce
+from strata.parallel.shard import shard_bias, shard_matrix, split_of
 from strata.quant import dequantize
 
 # strata.kernels needs triton, which a CPU-only install may lack: it is imported only on the kernel path.
@@ -35,6 +37,9 @@ class QuantLinear(nn.Module):
     into aligned planes, the same bytes): up to `MAX_M` rows go through the fused dequant matvec,
     more through the fused dequant matmul, and from `DENSE_FROM_ROWS` rows on the weight is
     dequantized on the fly for cuBLAS. Types without a fused kernel keep a dense weight.
+
+    Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
+    row-parallel one (`all_reduce`) sums the ranks' partial outputs before returning.
     """
 
     def __init__(
@@ -44,10 +49,11 @@ class QuantLinear(nn.Module):
         shape: tuple[int, int],
         place: Placement,
         bias: torch.Tensor | None = None,
+        all_reduce: bool = False,
     ) -> None:
         """`qweight`: the stored GGUF bytes, or a weight already packed for the kernels."""
         super().__init__()
-        self.qtype = qtype
+        self.qtype, self.tp, self.all_reduce = qtype, place.tp, all_reduce
         self.out_features, self.in_features = shape
         self.packed: PackedQuantWeight | None = None
         self.weight: nn.Parameter | None = None
@@ -64,16 +70,27 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def load(cls, gguf: GGUFFile, name: str, place: Placement) -> QuantLinear:
-        """The layer `name` of the file: `name.weight` and, when the file has one, `name.bias`."""
+        """The layer `name` of the file: `name.weight` and, when the file has one, `name.bias`; under
+        tensor parallelism, this rank's part of them."""
         info = gguf.tensor_info(f"{name}.weight")
         bias = None
         if f"{name}.bias" in gguf.tensors:
             b = gguf.tensor_info(f"{name}.bias")
             bias = dequantize(gguf.tensor_bytes(b.name), b.qtype, b.shape)
         out_features, in_features = info.shape
-        return cls(gguf.tensor_bytes(info.name), info.qtype, (out_features, in_features), place, bias)
+        raw, shape = gguf.tensor_bytes(info.name), (out_features, in_features)
+        split = split_of(name) if place.tp.size > 1 else None
+        if split is not None:
+            raw, shape = shard_matrix(info.name, raw, info.qtype, shape, split, place.tp)
+            bias = shard_bias(f"{name}.bias", bias, split, place.tp)
+        return cls(raw, info.qtype, shape, place, bias, all_reduce=split == "in")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._partial(x)
+        return all_reduce(y, self.tp) if self.all_reduce else y
+
+    def _partial(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T + b with this rank's W (all of it on one rank)."""
         if self.packed is None:
             assert self.weight is not None
             return F.linear(x, self.weight, self.bias)
@@ -98,7 +115,8 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         path = "fused kernels" if self.packed is not None else "dense"
         bias = self.bias is not None
-        return f"{self.in_features} -> {self.out_features}, {self.qtype.name}, {path}, bias={bias}"
+        reduce = ", all-reduce" if self.all_reduce else ""
+        return f"{self.in_features} -> {self.out_features}, {self.qtype.name}, {path}, bias={bias}{reduce}"
 
 
 def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:

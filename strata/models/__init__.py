@@ -12,6 +12,7 @@ from strata.models.gemma3 import Gemma3Model
 from strata.models.llama import LlamaModel
 from strata.models.qwen2 import Qwen2Model
 from strata.models.qwen3 import Qwen3Model
+from strata.parallel.group import SINGLE, TensorParallel
 
 MODEL_REGISTRY: dict[str, type[DecoderModel]] = {
     "llama": LlamaModel,
@@ -27,7 +28,9 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     progress: bool = False,
     device: str | torch.device = "cpu",
+    tp: TensorParallel = SINGLE,
 ) -> DecoderModel:
-    """The architecture's model with every weight loaded from `gguf` by its GGUF name, on `device`."""
-    place = Placement.of(dtype, device)
+    """The architecture's model with every weight loaded from `gguf` by its GGUF name, on `device`;
+    under tensor parallelism (`tp`), this rank's part of every split layer."""
+    place = Placement.of(dtype, device, tp)
     return MODEL_REGISTRY[spec.architecture](gguf, spec, place, progress).eval()

@@ -24,6 +24,7 @@ class Gemma3Block(nn.Module):
         super().__init__()
         p, eps = f"blk.{layer}", spec.rms_eps
         self.spec = spec
+        self.num_heads, self.num_kv_heads = place.tp.local(spec.num_heads), place.tp.local(spec.num_kv_heads)
         self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", eps, place.kernels)
         self.qkv_proj = Projections.load(gguf, p, ("attn_q", "attn_k", "attn_v"), place)
         self.attn_q_norm = RMSNorm(gguf, f"{p}.attn_q_norm", eps, place.kernels)
@@ -41,7 +42,7 @@ class Gemma3Block(nn.Module):
         rotary = RotaryEmbedding(spec.rope_dim, base, spec.rope_layout, scale)
         window = spec.sliding_window if sliding else None
         self.attn = Attention(
-            layer, spec.num_heads, spec.num_kv_heads, spec.attn_scale, window, rotary, place.kernels
+            layer, self.num_heads, self.num_kv_heads, spec.attn_scale, window, rotary, place.kernels
         )
         self.fused = place.kernels
 
@@ -49,12 +50,12 @@ class Gemma3Block(nn.Module):
         self, x: torch.Tensor, delta: torch.Tensor | None, kv: KVCache, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x + delta in, x + delta out, as `LlamaBlock.forward`."""
-        n, s = x.shape[0], self.spec
+        n, dim = x.shape[0], self.spec.head_dim
         h, x = self.attn_norm.add_and_norm(delta, x)
         q, k, v = self.qkv_proj(h)
-        q = self.attn_q_norm(q.view(n, s.num_heads, s.head_dim))
-        k = self.attn_k_norm(k.view(n, s.num_kv_heads, s.head_dim))
-        v = v.view(n, s.num_kv_heads, s.head_dim)
+        q = self.attn_q_norm(q.view(n, self.num_heads, dim))
+        k = self.attn_k_norm(k.view(n, self.num_kv_heads, dim))
+        v = v.view(n, self.num_kv_heads, dim)
         attn = self.post_attention_norm(self.attn_output(self.attn(q, k, v, kv, meta)))
         h, x = self.ffn_norm.add_and_norm(attn, x)
         gate, up = self.gate_up(h)

@@ -20,13 +20,15 @@ from strata.models.base import DecoderModel
 class LlamaBlock(nn.Module):
     """x += attn_output(attn(rope(q), rope(k), v)); x += ffn_down(silu(ffn_gate(h)) * ffn_up(h)).
 
-    Q/K/V biases (Qwen2) load when the file has them; the forward is the same either way.
+    Q/K/V biases (Qwen2) load when the file has them; the forward is the same either way. Under tensor
+    parallelism the block holds this rank's heads (`num_heads`, `num_kv_heads`) and FFN rows.
     """
 
     def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, place: Placement) -> None:
         super().__init__()
         p = f"blk.{layer}"
         self.spec = spec
+        self.num_heads, self.num_kv_heads = place.tp.local(spec.num_heads), place.tp.local(spec.num_kv_heads)
         self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", spec.rms_eps, place.kernels)
         self.qkv_proj = Projections.load(gguf, p, ("attn_q", "attn_k", "attn_v"), place)
         self.attn_output = QuantLinear.load(gguf, f"{p}.attn_output", place)
@@ -35,18 +37,18 @@ class LlamaBlock(nn.Module):
         self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
         rotary = RotaryEmbedding(spec.rope_dim, spec.rope_base, spec.rope_layout, spec.rope_scale)
         self.attn = Attention(
-            layer, spec.num_heads, spec.num_kv_heads, spec.attn_scale, None, rotary, place.kernels
+            layer, self.num_heads, self.num_kv_heads, spec.attn_scale, None, rotary, place.kernels
         )
         self.fused = place.kernels
 
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(num_tokens, hidden) -> q (tokens, heads, dim), k and v (tokens, kv_heads, dim), not rotated."""
-        n, s = h.shape[0], self.spec
+        n = h.shape[0]
         q, k, v = self.qkv_proj(h)
         return (
-            q.view(n, s.num_heads, s.head_dim),
-            k.view(n, s.num_kv_heads, -1),
-            v.view(n, s.num_kv_heads, -1),
+            q.view(n, self.num_heads, self.spec.head_dim),
+            k.view(n, self.num_kv_heads, -1),
+            v.view(n, self.num_kv_heads, -1),
         )
 
     def forward(

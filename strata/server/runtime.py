@@ -26,6 +26,7 @@ class Runtime:
 
     def close(self) -> None:
         self.engine.close()
+        self.llm.close()  # after the engine thread's last step: ends tensor-parallel followers
 
 
 def build_runtime(
@@ -42,9 +43,13 @@ def build_runtime(
     if model.chat_template is None and template in BUILTIN_TEMPLATES:
         model = replace(model, chat_template=template)
     llm = LLM(model, progress=progress)
-    if model.chat_template is None and template is not None:  # Jinja source in the config
-        llm.chat_template = template_for(template, llm.tokenizer)
-    async_engine = AsyncEngine(LLMEngine(llm.model, llm.tokenizer, engine)).start()
+    try:
+        if model.chat_template is None and template is not None:  # Jinja source in the config
+            llm.chat_template = template_for(template, llm.tokenizer)
+        async_engine = AsyncEngine(LLMEngine(llm.model, llm.tokenizer, engine)).start()
+    except BaseException:
+        llm.close()
+        raise
     service = ChatService(
         async_engine, llm.tokenizer, llm.chat_template, llm.spec.context_length, server, model_config
     )
