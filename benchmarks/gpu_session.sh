@@ -5,9 +5,9 @@
 #   3. `strata bench ab strata strata --device cuda`: the token gate      (SKIP_AB=1)
 #   4. benchmarks/gpu_matvec_graph.py: matvec tiles timed in graphs       (MATVEC_SWEEP=1 adds it)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
-#      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py tells
-#      which import order lets llama-cpp-python load the model; STRATA_PEER_IMPORT_FIRST=1 then
-#      makes the bench's llamacpp arm import llama_cpp before torch.
+#      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py shows
+#      in which process states llama-cpp-python loads the model (the bench's llamacpp arm still
+#      crashes on the GPU: benchmarks/RESULTS.md, 2026-12-04).
 #   bash benchmarks/gpu_session.sh [gpu_engine.py arguments]
 # PYTEST_ARGS (e.g. "-k planar") and TESTS_TIMEOUT narrow stage 1; MATVEC_ARGS goes to stage 4.
 # Needs the gguf wheel in .whl (the machine has no gguf). Stages 4 and 5 take about 4 and 8 minutes:
@@ -42,8 +42,6 @@ if [ -n "${PEER:-}" ]; then
     wait $peer_build || { tail -20 "$OUT/peer_build.txt"; exit 1; }
     tail -5 "$OUT/peer_build.txt"
     timeout 200 python3 benchmarks/llamacpp_cuda/diag.py $model 2>&1 | tee "$OUT/peer_diag.txt"
-    # The bench worker imports torch first; if only that order crashes, import llama_cpp first.
-    grep -q "== torch first: exit" "$OUT/peer_diag.txt" && export STRATA_PEER_IMPORT_FIRST=1
     /tmp/llama-build/bin/llama-bench -m $model -p 512,2048 -n 128 -fa 1 -ngl 99 -r 3 2>&1 | tee "$OUT/llama_bench.txt"
     # The ab folder holds many files; $OUT gets its summary and the peer's log only.
     timeout 200 python3 -m strata.cli bench ab strata llamacpp --device cuda --model $model -p 512 -n 128 \

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,15 @@ def test_transformers_peer_is_gated_against_itself(tiny: tuple[Path, Path], tmp_
     summary = _read(out, "summary.json")
     assert summary["mode"] == "self" and summary["gate"] == "pass"
     assert len(summary["agreement"]["common_prefix"]) == 2  # reported, not judged
+
+
+def test_peer_worker_modules_leave_torch_unloaded() -> None:
+    # A llamacpp worker must never load torch: on the GPU machine llama.cpp's CUDA libraries and
+    # torch's crash when they share one process (strata/bench/peers.py).
+    modules = "strata.bench.worker, strata.bench.peers, strata.bench.runners, strata.bench.workload"
+    code = f"import sys; import {modules}; print([m for m in sys.modules if m.split('.')[0] == 'torch'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
 
 
 def test_llamacpp_peer_on_the_default_model(qwen_path: Path, tmp_path: Path) -> None:

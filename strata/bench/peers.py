@@ -2,6 +2,11 @@
 
 Both decode greedily by taking the argmax of the last position's logits themselves, so no sampler
 setting of the peer can change what is measured.
+
+Nothing here imports torch at module level: a llamacpp worker must never load it, since on the GPU
+machine llama.cpp's CUDA libraries and torch's cannot share a process (a segfault inside
+llama_model_load_from_file with torch loaded first, an abort in torch's import the other way round;
+benchmarks/llamacpp_cuda/diag.py shows it).
 """
 
 from __future__ import annotations
@@ -9,7 +14,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import torch
 
 from .runners import Measurement, WorkerConfig
 from .workload import Workload
@@ -64,6 +68,7 @@ class LlamaCppRunner:
 
 class TransformersRunner:
     def __init__(self, config: WorkerConfig) -> None:
+        import torch
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(config.threads)
@@ -74,11 +79,20 @@ class TransformersRunner:
         self.model = self.model.to(self.device).eval()  # type: ignore[arg-type]
 
     def _sync(self) -> None:
+        import torch
+
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    @torch.inference_mode()
     def run(self, workload: Workload, prompts: list[list[int]]) -> Measurement:
+        import torch
+
+        with torch.inference_mode():
+            return self._run(workload, prompts)
+
+    def _run(self, workload: Workload, prompts: list[list[int]]) -> Measurement:
+        import torch
+
         ids = torch.tensor(prompts, device=self.device)  # (batch, depth + prompt_len): equal lengths
         past = None
         if workload.depth:

@@ -13,6 +13,12 @@ from typing import IO, Any
 from .arms import ArmSpec
 from .trees import WORKER_PACKAGE, ArmTree
 
+# What torch's CUDA initialization adds to os.environ (CUDA_MODULE_LOADING=LAZY): a llama.cpp worker
+# that inherited it from the harness crashed while loading its model on the H200
+# (benchmarks/llamacpp_cuda/diag.py). Workers get these only if the harness was started with them.
+_SET_BY_TORCH = ("CUDA_MODULE_LOADING",)
+_START_ENV = {k: os.environ[k] for k in _SET_BY_TORCH if k in os.environ}
+
 
 class WorkerFailed(RuntimeError):
     """A worker could not load its model or failed a run; the message carries its error."""
@@ -23,7 +29,7 @@ class ArmProcess:
         self, name: str, spec: ArmSpec, tree: ArmTree, package_root: Path, config: dict[str, Any], log: Path
     ) -> None:
         self.name, self.spec, self.tree, self.log = name, spec, tree, log
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in _SET_BY_TORCH} | _START_ENV
         # The arm's tree first: its `strata` shadows the editable install (a meta-path finder, tried last).
         # The caller's own PYTHONPATH stays after them (packages installed with --target live there).
         inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

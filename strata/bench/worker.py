@@ -47,9 +47,9 @@ def _error(e: Exception) -> dict[str, Any]:
 
 
 def _ready_info(config: WorkerConfig, load_s: float) -> dict[str, Any]:
-    import torch
-
-    info: dict[str, Any] = {"ready": True, "load_s": load_s, "torch_threads": torch.get_num_threads()}
+    info: dict[str, Any] = {"ready": True, "load_s": load_s}
+    if "torch" in sys.modules:  # a llamacpp worker never loads torch (see peers)
+        info["torch_threads"] = sys.modules["torch"].get_num_threads()
     if config.kind == "strata":
         import strata
 
@@ -63,8 +63,6 @@ def main(argv: list[str]) -> int:
     faulthandler.enable()
     try:
         fields = json.loads(argv[0])
-        if fields.get("kind") == "llamacpp" and os.environ.get("STRATA_PEER_IMPORT_FIRST"):
-            import llama_cpp  # noqa: F401  (its CUDA libraries load before torch's: a diagnosis switch)
         from .runners import WorkerConfig, build_runner
 
         config = WorkerConfig(**fields)
