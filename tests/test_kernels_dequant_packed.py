@@ -47,9 +47,11 @@ def test_bit_equal_to_dequantize(qtype: GGMLQuantizationType, dtype: torch.dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_q4_k_planar_bit_equal(dtype: torch.dtype) -> None:
-    # The planar layout only moves bits: it decodes to the same values, bit for bit.
-    _check(T.Q4_K, 37, 3, dtype, "planar", block_n=16, block_k=64)
+@pytest.mark.parametrize("block_k", [64, 512])
+def test_q4_k_planar_bit_equal(dtype: torch.dtype, block_k: int) -> None:
+    # The planar layout only moves bits: its whole-sub-block decoder gives the same values, bit for
+    # bit; block_k 512 leaves a partial K tile (768 = 1.5 tiles).
+    _check(T.Q4_K, 37, 3, dtype, "planar", block_n=16, block_k=block_k)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="model-sized weights run only on CUDA")

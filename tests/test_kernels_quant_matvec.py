@@ -25,7 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 
 pytest.importorskip("triton")
 
-from strata.kernels.quant_matvec import MAX_M, MatvecConfig, default_config, quant_matvec  # noqa: E402
+from strata.kernels.quant_matvec import MAX_M, MatvecConfig, default_config, quant_matvec, quantize_x  # noqa: E402
 from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
 
@@ -127,10 +127,16 @@ def test_matches_reference(
 
 @pytest.mark.parametrize("m,dtype,config", CASES, ids=lambda c: str(c)[:24])
 def test_q4_k_planar_matches_reference(monkeypatch, m: int, dtype: torch.dtype, config: MatvecConfig | None):
-    # The same cases through Q4_K's planar layout and its own kernel (whole sub-blocks per thread).
+    # The same cases through Q4_K's planar layout and its own kernel (whole sub-blocks per thread),
+    # x kept in floating point (the int8 path has its own tests below).
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
     assert pack_quant_weight(random_weight(T.Q4_K, 1, 256, 0), T.Q4_K, 1, 256).layout == "planar"
-    check(T.Q4_K, m, 37, k_for(T.Q4_K, 5), dtype, config)
+    k = k_for(T.Q4_K, 5)
+    check(T.Q4_K, m, 37, k, dtype, float_x(config or default_config(T.Q4_K, m, 37, k)))
+
+
+def float_x(config: MatvecConfig) -> MatvecConfig:
+    return MatvecConfig(**{**config.__dict__, "int8_x": False})
 
 
 @pytest.mark.parametrize(
@@ -139,12 +145,88 @@ def test_q4_k_planar_matches_reference(monkeypatch, m: int, dtype: torch.dtype, 
 def test_q4_k_planar_prefetch_matches_reference(monkeypatch, m: int, dtype: torch.dtype, split_k: int):
     # The prefetching loop: its look-ahead loads past each split's end must be masked off.
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
-    check(T.Q4_K, m, 37, k_for(T.Q4_K, 5), dtype, MatvecConfig(8, 128, split_k, prefetch=True))
+    check(T.Q4_K, m, 37, k_for(T.Q4_K, 5), dtype, MatvecConfig(8, 128, split_k, prefetch=True, int8_x=False))
+
+
+def _quantized_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What quantize_x must give: q = x * (127 / max|x|) in fp32, rounded half away from zero, and
+    dx = max|x| / 127 (fp32 values, returned as float64)."""
+    xb = x.float().view(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    # tensor / tensor rounds correctly (a scalar / tensor multiplies by a reciprocal).
+    v = xb * torch.where(amax > 0, torch.full_like(amax, 127.0) / torch.where(amax > 0, amax, 1.0), 0.0)
+    return (torch.sign(v) * torch.floor(v.abs() + 0.5)).double(), (
+        amax / torch.full_like(amax, 127.0)
+    ).double()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_quantize_x_matches_reference(dtype: torch.dtype):
+    m, k = 3, 1312  # 41 sub-blocks: a partial program of 32
+    x = (torch.randn(m, k) * torch.rand(m, k // 32, 1).repeat_interleave(32, 1).view(m, k) * 4).to(dtype)
+    x[1, 64:96] = 0  # an all-zero sub-block: dx = 0, q = 0
+    xq, xd, xs = (t.cpu() for t in quantize_x(x.to(DEVICE)))
+    q, dx = _quantized_x(x)
+    # Element 8b + 4h + r of a sub-block is byte b of word 4h + r.
+    b = (xq.view(m, -1, 1, 8) >> (8 * torch.arange(4)).view(1, 1, 4, 1)) & 255
+    got = ((b ^ 128) - 128).view(m, -1, 32)
+    assert torch.equal(got.double(), q), "int8 values or their packing differ"
+    assert torch.equal(xd.double(), dx.squeeze(-1))
+    assert torch.allclose(xs.double(), x.double().view(m, -1, 32).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def check_int8(m: int, n: int, k: int, dtype: torch.dtype, config: MatvecConfig | None) -> None:
+    """The int8 path against its own arithmetic (fp32 rounding only): W (q * dx), with the min term
+    taken from the exact sum of x; and against the fp32 product within the quantization bound."""
+    raw = random_weight(T.Q4_K, n, k, seed=m + n + 100)
+    x = torch.randn(m, k).to(dtype)
+    x[0, :32] = 0
+    packed = pack_quant_weight(raw.to(DEVICE), T.Q4_K, n, k, "planar")
+    cfg = MatvecConfig(**{**(config or default_config(T.Q4_K, m, n, k)).__dict__, "int8_x": True})
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    y = quant_matvec(x.to(DEVICE), packed, T.Q4_K, n, k, out=out, config=cfg).cpu().double()
+    w = dequantize(raw, T.Q4_K, (n, k)).double()
+    q, dx = _quantized_x(x)
+    xhat = (q * dx).view(m, k)
+    _, _, mn, dm = (p.cpu() for p in packed.planes)
+    d_mn = dm.view(n, -1, 2)[..., 1].double().repeat_interleave(8, 1) * mn.double()  # (n, k / 32)
+    correction = (xhat.view(m, -1, 32).sum(-1) - x.double().view(m, -1, 32).sum(-1)) @ d_mn.T
+    own = xhat @ w.T + correction
+    scale = xhat.abs() @ w.abs().T + x.double().abs() @ w.abs().T
+    assert ((y - own).abs() <= torch.finfo(dtype).eps * own.abs() + 1e-5 * scale).all()
+    ref = x.double() @ w.T
+    bound = (dx.expand(-1, -1, 32).reshape(m, k) / 2) @ w.abs().T
+    assert ((y - ref).abs() <= bound + torch.finfo(dtype).eps * ref.abs() + 1e-5 * scale).all()
+
+
+@pytest.mark.parametrize("m,dtype,config", CASES, ids=lambda c: str(c)[:24])
+def test_q4_k_int8_x(m: int, dtype: torch.dtype, config: MatvecConfig | None):
+    check_int8(m, 37, k_for(T.Q4_K, 5), dtype, config)
+
+
+@cuda_only
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("n,k", [(4864, 896 + 128), (896, 4864), (3584, 3584)])
+def test_q4_k_int8_x_model_shapes_cuda(m: int, n: int, k: int):
+    check_int8(m, n, k, torch.bfloat16, None)
+
+
+def test_int8_x_is_the_default_for_16_bit_x_only(monkeypatch):
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    n, k = 8, 256
+    raw = random_weight(T.Q4_K, n, k, seed=9).to(DEVICE)
+    x = torch.randn(1, k, device=DEVICE)
+    exact = quant_matvec(x, raw, T.Q4_K, n, k)
+    ref = x.double().cpu() @ dequantize(raw.cpu(), T.Q4_K, (n, k)).double().T
+    assert torch.allclose(exact.cpu().double(), ref, rtol=1e-5, atol=1e-4)  # fp32 x: no quantization
+    fast = quant_matvec(x.bfloat16(), raw, T.Q4_K, n, k).float()
+    forced = quant_matvec(x.bfloat16(), raw, T.Q4_K, n, k, config=MatvecConfig(8, 256, int8_x=True)).float()
+    assert torch.equal(fast, forced)
 
 
 def test_prefetch_is_planar_only():
     raw = random_weight(T.Q8_0, 4, 64, seed=1).to(DEVICE)
-    with pytest.raises(ValueError, match="prefetch is implemented for Q4_K's planar layout only"):
+    with pytest.raises(ValueError, match="prefetch and int8_x need Q4_K.s planar layout"):
         quant_matvec(
             torch.randn(1, 64, device=DEVICE), raw, T.Q8_0, 4, 64, config=MatvecConfig(prefetch=True)
         )
@@ -209,12 +291,14 @@ def test_bias_is_added_once(monkeypatch, qtype: GGMLQuantizationType, layout: st
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k", [(4864, 896), (896, 4864), (3584, 3584)])
 def test_model_shapes_cuda(monkeypatch, qtype, m: int, n: int, k: int):
-    if qtype == "Q4_K planar":
+    config = None
+    if qtype == "Q4_K planar":  # x in floating point; the int8 path has its own model-shape test
         monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
         qtype = T.Q4_K
+        config = float_x(default_config(T.Q4_K, m, n, k))
     if k % GGML_QUANT_SIZES[qtype][0]:
         pytest.skip(f"k={k} is not a multiple of the {qtype.name} block")
-    check(qtype, m, n, k, torch.bfloat16, None)
+    check(qtype, m, n, k, torch.bfloat16, config)
 
 
 def test_default_config_splits_small_n():

@@ -8,6 +8,7 @@ dtype; every product is accumulated in fp32.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from strata.kernels._matvec_lowbit import (
     iq4_xs_matvec_kernel,
     q2_k_matvec_kernel,
 )
+from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel, quantize_x_kernel
 from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 
@@ -51,13 +53,16 @@ MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 @dataclass(frozen=True)
 class MatvecConfig:
     """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k.
-    `prefetch` (Q4_K's planar kernel only) issues each step's loads one step ahead."""
+    `prefetch` (Q4_K's planar kernel only) issues each step's loads one step ahead. `int8_x` (Q4_K
+    planar only) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the default)
+    does so for fp16 / bf16 x and keeps fp32 x exact."""
 
     block_n: int = 16
     block_k: int = 256
     split_k: int = 1
     num_warps: int = 4
     prefetch: bool = False
+    int8_x: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -177,16 +182,25 @@ def quant_matvec(
     kernel, unit = _Q4_K_PLANAR if planar else _KERNELS[qtype]
     if cfg.block_k % unit:
         raise ValueError(f"{qtype.name} needs block_k to be a multiple of {unit}, got {cfg.block_k}")
-    if cfg.prefetch and not planar:
+    if (cfg.prefetch or cfg.int8_x) and not planar:
         raise ValueError(
-            f"MatvecConfig.prefetch is implemented for Q4_K's planar layout only, not {qtype.name}"
+            f"MatvecConfig.prefetch and int8_x need Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar), "
+            f"not {qtype.name} ({packed.layout})"
         )
+    int8_x = planar and (x.dtype != torch.float32 if cfg.int8_x is None else cfg.int8_x)
+    if int8_x and cfg.prefetch:
+        raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
     extra = {"PREFETCH": cfg.prefetch} if planar else {}
     # Split-K partials go to an fp32 workspace summed afterwards: deterministic, unlike atomics.
     y = out if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
     stride_ys = 0 if cfg.split_k == 1 else y.stride(0)
     tensors, strides = _kernel_args(packed)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if int8_x:
+        _int8_matvec(x, y, bias, tensors, strides, n, k, stride_ys, cfg)
+        if cfg.split_k > 1:
+            out.copy_(y.sum(0))
+        return out
     kernel[grid](
         x, y, y if bias is None else bias, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -195,3 +209,40 @@ def quant_matvec(
     if cfg.split_k > 1:
         out.copy_(y.sum(0))
     return out
+
+
+def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, K) x -> per 32-element sub-block: int8 values packed as the int8 matvec reads them
+    (M, K / 4) int32, their scale max|x| / 127 and the fp32 sum of x, both (M, K / 32)."""
+    m, subs = x.shape[0], x.shape[1] // 32
+    xq = torch.empty(m, subs * 8, dtype=torch.int32, device=x.device)
+    xd = torch.empty(m, subs, dtype=torch.float32, device=x.device)
+    xs = torch.empty(m, subs, dtype=torch.float32, device=x.device)
+    # No FMA contraction: x * (127 / max) + 0.5 must round twice, as the interpreter and tests do.
+    grid = (m, triton.cdiv(subs, 32))
+    quantize_x_kernel[grid](x, xq, xd, xs, x.shape[1], x.stride(0), NSB=32, enable_fp_fusion=False)
+    return xq, xd, xs
+
+
+def _int8_matvec(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    bias: torch.Tensor | None,
+    planes: list[torch.Tensor],
+    strides: list[int],
+    n: int,
+    k: int,
+    stride_ys: int,
+    cfg: MatvecConfig,
+) -> None:
+    """x quantized to int8 per 32 elements (one launch), then the dp4a matvec into y."""
+    m = x.shape[0]
+    xq, xd, xs = quantize_x(x)
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    q4_k_int8_matvec_kernel[grid](
+        xq, xd, xs, y, y if bias is None else bias, *planes, n, k, stride_ys, y.stride(-2), *strides,
+        M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps,
+        # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
+        USE_ASM=x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
+    )  # fmt: skip
