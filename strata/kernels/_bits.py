@@ -34,6 +34,16 @@ def add_to_row(acc, part, m: tl.constexpr, M_PAD: tl.constexpr):
 
 
 @triton.jit
+def add_to_row3(acc, part, m: tl.constexpr, M_PAD: tl.constexpr):
+    """acc[m, :, :] += part for an (M_PAD, BLOCK_N, NS) accumulator and a (BLOCK_N, NS) partial sum."""
+    if M_PAD == 1:
+        out = acc + part[None, :, :]
+    else:
+        out = acc + tl.where(tl.arange(0, M_PAD)[:, None, None] == m, part[None, :, :], 0.0)
+    return out
+
+
+@triton.jit
 def store_rows(
     y_ptr,
     acc,

@@ -18,7 +18,8 @@ rounded to nearest) plus fp32 rounding: comparable to rounding x to bf16 first.
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import exact_float, split_range, store_rows
+from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
+from strata.kernels._matvec_q4k_planar import _loads
 
 
 @triton.jit
@@ -84,18 +85,13 @@ def q4_k_int8_matvec_kernel(
     for s0 in range(lo, hi, NS):
         s = s0 + js
         sv = s < hi
-        words = tl.load(
-            qs_ptr + rc[:, None, None] * stride_qs + 4 * s[None, :, None] + ir[None, None, :],
-            mask=sv[None, :, None],
-            other=0,
-        )  # (BLOCK_N, NS, 4)
+        words, sc, mn, d, dmin = _loads(
+            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, stride_qs, stride_sc, stride_mn, stride_dm
+        )  # words (BLOCK_N, NS, 4)
         w_lo = words & 0x0F0F0F0F
         w_hi = (words >> 4) & 0x0F0F0F0F
-        sc = tl.load(sc_ptr + rc[:, None] * stride_sc + s[None, :], mask=sv[None, :], other=0)
-        mn = tl.load(mn_ptr + rc[:, None] * stride_mn + s[None, :], mask=sv[None, :], other=0)
-        dm_at = dm_ptr + rc[:, None] * stride_dm + (s // 8)[None, :] * 2
-        d_sc = tl.load(dm_at, mask=sv[None, :], other=0).to(tl.float32) * exact_float(sc.to(tl.int32), 0)
-        d_mn = tl.load(dm_at + 1, mask=sv[None, :], other=0).to(tl.float32) * exact_float(mn.to(tl.int32), 0)
+        d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
+        d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
         for m in tl.static_range(M):
             xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
             x_lo = tl.load(xq_at, mask=sv[:, None], other=0)  # (NS, 4)
@@ -107,8 +103,5 @@ def q4_k_int8_matvec_kernel(
             xd = tl.load(xd_ptr + m * n_sub + s, mask=sv, other=0)
             xs = tl.load(xs_ptr + m * n_sub + s, mask=sv, other=0)
             part = d_sc * (tl.sum(dot, 2).to(tl.float32) * xd[None, :]) - d_mn * xs[None, :]
-            if M_PAD == 1:
-                acc += part[None, :, :]
-            else:
-                acc += tl.where(tl.arange(0, M_PAD)[:, None, None] == m, part[None, :, :], 0.0)
+            acc = add_to_row3(acc, part, m, M_PAD)
     store_rows(y_ptr, tl.sum(acc, 2), rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)

@@ -11,7 +11,7 @@ computes, so a thread keeps two steps of weights in flight instead of one.
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import exact_float, split_range, store_rows
+from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
 
 
 @triton.jit
@@ -52,10 +52,7 @@ def _step(acc, x_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M: tl.constexpr,
             q = exact_float(src & (15 << (4 * p)), 0)
             dot += q * (xi * (1.0 / (1 << (4 * p))))[None, :, :]
         part = d_sc * tl.sum(dot, 2) - d_mn * tl.sum(xsum, 1)[None, :]
-        if M_PAD == 1:
-            acc += part[None, :, :]
-        else:
-            acc += tl.where(tl.arange(0, M_PAD)[:, None, None] == m, part[None, :, :], 0.0)
+        acc = add_to_row3(acc, part, m, M_PAD)
     return acc
 
 
