@@ -30,7 +30,7 @@ class ModelConfig:
     dtype: str = "float32"  # "auto": bfloat16 on a GPU, float32 on the CPU
     chat_template: str | None = None  # a built-in template's name, instead of the file's own
     device: str = "cpu"  # "auto": the GPU when torch sees one
-    tensor_parallel: int = 1  # ranks (processes; one GPU each on cuda) that each hold 1/N of every layer
+    tensor_parallel: int = 1  # ranks (processes; one GPU each on cuda) that each hold about 1/N of each layer
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

@@ -13,7 +13,7 @@ from torch import nn
 from strata.gguf.reader import GGUFFile
 from strata.layers.placement import Placement
 from strata.parallel.group import all_reduce
-from strata.parallel.shard import shard_bias, shard_matrix, split_of
+from strata.parallel.shard import part_of, shard_bias, shard_matrix, split_of
 from strata.quant import dequantize
 
 # strata.kernels needs triton, which a CPU-only install may lack: it is imported only on the kernel path.
@@ -39,7 +39,9 @@ class QuantLinear(nn.Module):
     dequantized on the fly for cuBLAS. Types without a fused kernel keep a dense weight.
 
     Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
-    row-parallel one (`all_reduce`) sums the ranks' partial outputs before returning.
+    row-parallel one (`all_reduce`) sums the ranks' partial outputs before returning. A row-parallel
+    part whose columns do not fall on block boundaries is stored as the whole blocks around them; `pad`
+    widens the input to those with zeros, so the neighbours' columns in the blocks add exact zeros.
     """
 
     def __init__(
@@ -50,10 +52,12 @@ class QuantLinear(nn.Module):
         place: Placement,
         bias: torch.Tensor | None = None,
         all_reduce: bool = False,
+        pad: tuple[int, int] | None = None,
     ) -> None:
-        """`qweight`: the stored GGUF bytes, or a weight already packed for the kernels."""
+        """`qweight`: the stored GGUF bytes, or a weight already packed for the kernels. `pad`: the zero
+        columns (left, right) added around each input; `shape` counts them."""
         super().__init__()
-        self.qtype, self.tp, self.all_reduce = qtype, place.tp, all_reduce
+        self.qtype, self.tp, self.all_reduce, self.pad = qtype, place.tp, all_reduce, pad
         self.out_features, self.in_features = shape
         self.packed: PackedQuantWeight | None = None
         self.weight: nn.Parameter | None = None
@@ -80,12 +84,16 @@ class QuantLinear(nn.Module):
         out_features, in_features = info.shape
         raw, shape = gguf.tensor_bytes(info.name), (out_features, in_features)
         split = split_of(name) if place.tp.size > 1 else None
-        if split is not None:
-            raw, shape = shard_matrix(info.name, raw, info.qtype, shape, split, place.tp)
-            bias = shard_bias(f"{name}.bias", bias, split, place.tp)
-        return cls(raw, info.qtype, shape, place, bias, all_reduce=split == "in")
+        if split is None:
+            return cls(raw, info.qtype, shape, place, bias)
+        part = part_of(gguf.tensors, name, place.tp)
+        raw, shape = shard_matrix(raw, info.qtype, shape, split, part)
+        bias = shard_bias(bias, split, part, place.tp)
+        return cls(raw, info.qtype, shape, place, bias, all_reduce=split == "in", pad=part.pad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pad is not None:
+            x = F.pad(x, self.pad)  # (..., in_features): this rank's columns in its window, zeros around
         y = self._partial(x)
         return all_reduce(y, self.tp) if self.all_reduce else y
 
@@ -116,16 +124,19 @@ class QuantLinear(nn.Module):
         path = "fused kernels" if self.packed is not None else "dense"
         bias = self.bias is not None
         reduce = ", all-reduce" if self.all_reduce else ""
-        return f"{self.in_features} -> {self.out_features}, {self.qtype.name}, {path}, bias={bias}{reduce}"
+        pad = f", zero-padded input {self.pad}" if self.pad is not None else ""
+        return (
+            f"{self.in_features} -> {self.out_features}, {self.qtype.name}, {path}, bias={bias}{reduce}{pad}"
+        )
 
 
 def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
     """One packed layer whose output is the layers' outputs side by side: their planes stacked by rows
-    (the same bytes), biases concatenated (zeros for a layer without one). All must be packed, of one
-    quant type and input size."""
+    (the same bytes), biases concatenated (zeros for a layer without one). All must be packed, unpadded,
+    of one quant type and input size."""
     first = layers[0]
     if not all(_stackable(first, x) for x in layers):
-        raise ValueError("stack_rows needs packed layers of one quant type and input size")
+        raise ValueError("stack_rows needs packed, unpadded layers of one quant type and input size")
     from strata.kernels.quant_pack import PackedQuantWeight
 
     parts = [x.packed for x in layers if x.packed is not None]
@@ -180,6 +191,8 @@ def _stackable(a: QuantLinear, b: QuantLinear) -> bool:
     return (
         a.packed is not None
         and b.packed is not None
+        and a.pad is None
+        and b.pad is None
         and a.qtype == b.qtype
         and a.in_features == b.in_features
     )

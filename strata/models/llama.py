@@ -21,7 +21,8 @@ class LlamaBlock(nn.Module):
     """x += attn_output(attn(rope(q), rope(k), v)); x += ffn_down(silu(ffn_gate(h)) * ffn_up(h)).
 
     Q/K/V biases (Qwen2) load when the file has them; the forward is the same either way. Under tensor
-    parallelism the block holds this rank's heads (`num_heads`, `num_kv_heads`) and FFN rows.
+    parallelism the block holds this rank's heads (`num_heads`, `num_kv_heads`) and its run of FFN rows,
+    whose width (set by the loaded layers, never computed here) may differ from other ranks'.
     """
 
     def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, place: Placement) -> None:

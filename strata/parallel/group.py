@@ -36,7 +36,7 @@ def multicast_off(environ: MutableMapping[str, str] | None = None) -> MutableMap
 
 @dataclass(frozen=True)
 class TensorParallel:
-    """This process's place among `size` ranks that each hold 1/size of every layer (rank 0 leads)."""
+    """This process's place among `size` ranks that each hold about 1/size of every layer (rank 0 leads)."""
 
     rank: int = 0
     size: int = 1
@@ -46,7 +46,8 @@ class TensorParallel:
             raise ValueError(f"tensor-parallel rank {self.rank} of {self.size} is out of range")
 
     def local(self, count: int) -> int:
-        """This rank's share of `count` heads (or rows) that the start check found to split evenly."""
+        """This rank's share of `count` heads, which the start check found to split evenly. (The FFN splits
+        in runs of whole blocks that may differ by one block: its widths come from the loaded layers.)"""
         return count // self.size
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.parallel.group import TensorParallel
-from strata.parallel.shard import column_range, even_range, split_of, vocab_range
+from strata.parallel.shard import TensorTable, part_of, split_of
 
-# Layers split by attention heads: their rows are heads * head_dim, so an even row split is a head
-# split only when the head count divides.
+# Layers split by attention heads: their rows (attn_output: columns) are heads * head_dim, so an even
+# split of them is a head split only when the head count divides.
 _HEADS = {
     "attn_q": "attention heads",
     "attn_k": "KV heads",
@@ -19,28 +19,30 @@ _HEADS = {
 
 
 def check_shardable(gguf: GGUFFile, spec: ModelSpec, size: int) -> None:
-    """ValueError naming the first tensor whose shape does not split over `size` ranks."""
+    """ValueError naming the first tensor of the file whose shape does not split over `size` ranks."""
+    check_tensors(gguf.tensors, spec.num_heads, spec.num_kv_heads, size)
+
+
+def check_tensors(table: TensorTable, num_heads: int, num_kv_heads: int, size: int) -> None:
+    """ValueError naming the first tensor of `table` (name -> type and shape) that does not split over
+    `size` ranks: heads and KV heads must divide by `size`, every rank must get at least one of each
+    FFN's blocks and one vocabulary row. Block boundaries are no limit (`strata.parallel.shard`)."""
     if size < 1:
         raise ValueError(f"--tensor-parallel {size}: the number of ranks must be at least 1")
     if size == 1:
         return
-    tp = TensorParallel(size - 1, size)  # the checks do not depend on the rank; the last is the tightest
-    for name, info in gguf.tensors.items():
+    # The checks do not depend on the rank; the last one's FFN and vocabulary runs are the shortest.
+    tp = TensorParallel(size - 1, size)
+    for name, info in table.items():
         layer, _, kind = name.rpartition(".")
-        split = split_of(layer)
-        if split is None or kind != "weight":
+        if split_of(layer) is None or kind != "weight":
             continue
         short = layer.rsplit(".", 1)[-1]
         if short in _HEADS:
-            heads = spec.num_kv_heads if _HEADS[short] == "KV heads" else spec.num_heads
+            heads = num_kv_heads if _HEADS[short] == "KV heads" else num_heads
             if heads % size:
                 raise ValueError(
                     f"tensor {name} of shape {info.shape}: its {heads} {_HEADS[short]} do not split "
                     f"evenly over {size} ranks (--tensor-parallel {size}); choose a size that divides {heads}"
                 )
-        if split == "vocab":
-            vocab_range(name, info.shape[0], tp)
-        elif split == "in":
-            column_range(name, info.qtype, info.shape, tp)
-        else:
-            even_range(name, info.shape, 0, tp)
+        part_of(table, layer, tp)
