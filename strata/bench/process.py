@@ -13,9 +13,10 @@ from typing import IO, Any
 from .arms import ArmSpec
 from .trees import WORKER_PACKAGE, ArmTree
 
-# What torch's CUDA initialization adds to os.environ (CUDA_MODULE_LOADING=LAZY): a llama.cpp worker
-# that inherited it from the harness crashed while loading its model on the H200
-# (benchmarks/llamacpp_cuda/diag.py). Workers get these only if the harness was started with them.
+# What torch's CUDA initialization adds to os.environ (CUDA_MODULE_LOADING=LAZY): workers get these only
+# if the harness was started with them, so a worker's environment does not depend on whether the
+# harness touched CUDA first. (Suspected in the llama.cpp worker's crash on the H200; diag.py then
+# showed that variable harmless on its own, and the crash is still unexplained.)
 _SET_BY_TORCH = ("CUDA_MODULE_LOADING",)
 _START_ENV = {k: os.environ[k] for k in _SET_BY_TORCH if k in os.environ}
 

@@ -197,15 +197,13 @@ def quant_matvec(
     tensors, strides = _kernel_args(packed)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     if int8_x:
-        _int8_matvec(x, y, bias, tensors, strides, n, k, stride_ys, cfg)
-        if cfg.split_k > 1:
-            out.copy_(y.sum(0))
-        return out
-    kernel[grid](
-        x, y, y if bias is None else bias, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
-        M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps, **extra,
-    )  # fmt: skip
+        _int8_matvec(x, y, bias, tensors, strides, grid, n, k, stride_ys, cfg)
+    else:
+        kernel[grid](
+            x, y, y if bias is None else bias, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
+            M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps, **extra,
+        )  # fmt: skip
     if cfg.split_k > 1:
         out.copy_(y.sum(0))
     return out
@@ -230,6 +228,7 @@ def _int8_matvec(
     bias: torch.Tensor | None,
     planes: list[torch.Tensor],
     strides: list[int],
+    grid: tuple[int, int],
     n: int,
     k: int,
     stride_ys: int,
@@ -238,7 +237,6 @@ def _int8_matvec(
     """x quantized to int8 per 32 elements (one launch), then the dp4a matvec into y."""
     m = x.shape[0]
     xq, xd, xs = quantize_x(x)
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     q4_k_int8_matvec_kernel[grid](
         xq, xd, xs, y, y if bias is None else bias, *planes, n, k, stride_ys, y.stride(-2), *strides,
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

@@ -38,22 +38,18 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         # (num_tokens,) -> (num_tokens, hidden)
-        if self.place.tp.size > 1:
-            return self._forward_part(ids)
+        split = self.place.tp.size > 1
+        if split:  # ids outside this rank's run look up its row 0 and are zeroed below
+            local = ids - self.start
+            mine = (local >= 0) & (local < self.shape[0])
+            ids = torch.where(mine, local, 0)
         rows = dequantize_rows(self.qweight, self.qtype, self.shape, ids)
         if self.scale != 1.0:
             # Gemma rounds the scale to the activation dtype before multiplying (as llama.cpp and HF do).
             rows = rows * torch.tensor(self.scale, dtype=self.place.dtype).float()
-        return rows.to(self.place.dtype)
-
-    def _forward_part(self, ids: torch.Tensor) -> torch.Tensor:
-        local = ids - self.start
-        mine = (local >= 0) & (local < self.shape[0])
-        rows = dequantize_rows(self.qweight, self.qtype, self.shape, torch.where(mine, local, 0))
-        if self.scale != 1.0:
-            rows = rows * torch.tensor(self.scale, dtype=self.place.dtype).float()
-        rows = torch.where(mine[:, None], rows, 0.0).to(self.place.dtype)
-        return all_reduce(rows, self.place.tp)
+        if not split:
+            return rows.to(self.place.dtype)
+        return all_reduce(torch.where(mine[:, None], rows, 0.0).to(self.place.dtype), self.place.tp)
 
     def as_output_head(self) -> QuantLinear:
         """The table as the output projection, for models whose head is tied to the embeddings (under

@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
         return 1
     store.set(ready_key(spec.rank), "ok")
     store.wait([GO_KEY], CONTROL_TIMEOUT)
-    control = join(TensorParallel(spec.rank, spec.size), store, spec.backend, spec.torch_device)
+    control = join(TensorParallel(spec.rank, spec.size), store, spec.torch_device)
     try:
         follow(model, control)
     finally:

@@ -54,18 +54,18 @@ class TensorParallel:
 SINGLE = TensorParallel()  # one process holds the whole model
 
 
-def join(tp: TensorParallel, store: dist.Store, backend: str, device: torch.device) -> dist.ProcessGroup:
-    """Join the default group (the steps' collectives: `backend` is "nccl" on GPUs, "gloo" on CPUs) and
-    return the control group, always gloo: rank 0's step messages are small host objects, and a
+def join(tp: TensorParallel, store: dist.Store, device: torch.device) -> dist.ProcessGroup:
+    """Join the default group (the steps' collectives: NCCL between GPUs, gloo between CPU processes)
+    and return the control group, always gloo: rank 0's step messages are small host objects, and a
     follower waiting a long time for the next one must not trip NCCL's timeout watchdog."""
     multicast_off()
-    if backend == "nccl":
+    if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group(
-            backend, store=store, rank=tp.rank, world_size=tp.size, timeout=STEP_TIMEOUT, device_id=device
+            "nccl", store=store, rank=tp.rank, world_size=tp.size, timeout=STEP_TIMEOUT, device_id=device
         )
     else:
-        dist.init_process_group(backend, store=store, rank=tp.rank, world_size=tp.size, timeout=STEP_TIMEOUT)
+        dist.init_process_group("gloo", store=store, rank=tp.rank, world_size=tp.size, timeout=STEP_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     assert control is not None
     return control

@@ -29,7 +29,7 @@ from strata.gguf.spec import ModelSpec
 from strata.models import build_model
 from strata.models.base import DecoderModel
 from strata.parallel.group import TensorParallel, join, multicast_off
-from strata.parallel.leader import FollowerDied, Leader
+from strata.parallel.leader import FollowerDied, Leader, end_processes
 from strata.parallel.plan import check_shardable
 
 if TYPE_CHECKING:
@@ -50,10 +50,6 @@ class FollowerSpec:
     size: int
     port: int
     threads: int | None  # CPU threads (None: torch's choice)
-
-    @property
-    def backend(self) -> str:
-        return "nccl" if self.device == "cuda" else "gloo"
 
     @property
     def torch_device(self) -> torch.device:
@@ -106,9 +102,7 @@ class Launch:
         try:
             self._wait_ready()
             self.store.set(GO_KEY, "go")
-            control = join(
-                TensorParallel(0, self.size), self.store, "nccl" if self.device == "cuda" else "gloo", device
-            )
+            control = join(TensorParallel(0, self.size), self.store, device)
         except BaseException:
             self.kill()
             raise
@@ -129,10 +123,7 @@ class Launch:
             time.sleep(_POLL_S)
 
     def kill(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        end_processes(self.procs)
 
 
 def start_tensor_parallel(

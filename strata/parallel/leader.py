@@ -20,6 +20,16 @@ from strata.parallel.messages import Message, Step, Stop, metadata_to
 _EXIT_WAIT_S = 10.0
 
 
+def end_processes(procs: list[subprocess.Popen[bytes]], wait_s: float = 0.0) -> None:
+    """Give each process `wait_s` seconds to exit on its own, then kill it; reap them all."""
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait_s)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 class FollowerDied(RuntimeError):
     """A follower process has exited; the model cannot step any more (restart it)."""
 
@@ -96,10 +106,5 @@ class Leader:
     def _end(self, wait_s: float) -> None:
         self._open = False
         atexit.unregister(self.close)
-        for proc in self.followers:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(wait_s)
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        end_processes(self.followers, wait_s)
         leave()
