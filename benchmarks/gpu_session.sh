@@ -53,7 +53,7 @@ fi
 if [ -n "${PEER:-}" ]; then
     wait $peer_build || { tail -20 "$OUT/peer_build.txt"; exit 1; }
     tail -5 "$OUT/peer_build.txt"
-    timeout 200 python3 benchmarks/llamacpp_cuda/diag.py $model 2>&1 | tee "$OUT/peer_diag.txt"
+    timeout 200 python3 benchmarks/llamacpp_cuda/diag.py $model --gdb 2>&1 | tee "$OUT/peer_diag.txt"
     /tmp/llama-build/bin/llama-bench -m $model -p 512,2048 -n 128 -fa 1 -ngl 99 -r 3 2>&1 | tee "$OUT/llama_bench.txt"
     # The ab folder holds many files; $OUT gets its summary and the peer's log only.
     timeout 200 python3 -m strata.cli bench ab strata llamacpp --device cuda --model $model -p 512 -n 128 \
