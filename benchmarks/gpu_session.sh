@@ -11,7 +11,8 @@
 #      in which process states llama-cpp-python loads the model (the bench's llamacpp arm still
 #      crashes on the GPU: benchmarks/RESULTS.md, 2026-12-04).
 #   bash benchmarks/gpu_session.sh [gpu_engine.py arguments]
-# PYTEST_ARGS (e.g. "-k planar") and TESTS_TIMEOUT narrow stage 1; MATVEC_ARGS goes to stage 4.
+# PYTEST_K (a -k expression, e.g. "int8 or planar") and TESTS_TIMEOUT narrow stage 1; LAYOUT_CASES picks stage
+# 4b's cases (default "b1 b8 prefill"); MATVEC_ARGS goes to stage 4.
 # Needs the gguf wheel in .whl (the machine has no gguf). Stages 4 and 5 take about 4 and 8 minutes:
 # give them their own call (SKIP_TESTS=1 SKIP_ENGINE=1 SKIP_AB=1 MATVEC_SWEEP=1 ...).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/gguf*.whl || exit 1
@@ -28,7 +29,7 @@ tests="tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tes
     tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill_attention.py
     tests/test_kernels_dequant_packed.py tests/test_model_kernel_path.py"
 if [ -z "${SKIP_TESTS:-}" ]; then
-    timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q --noconftest -p no:cacheprovider $tests ${PYTEST_ARGS:-} \
+    timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q --noconftest -p no:cacheprovider $tests ${PYTEST_K:+-k "$PYTEST_K"} \
         >"$OUT/pytest.txt" 2>&1
     echo "kernel tests: $(tail -1 "$OUT/pytest.txt")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -20
@@ -44,6 +45,7 @@ if [ -n "${LAYOUT_AB:-}" ]; then
     [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] || python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
     pair="strata:q4k_layout=blocks strata:q4k_layout=planar --device cuda --model /tmp/strata-synth/qwen2.5-7b.gguf"
     for case in "b1:-p 512 -n 128" "b8:-b 8 -p 128 -n 64" "prefill:--mode prefill -p 2048"; do
+        [[ " ${LAYOUT_CASES:-b1 b8 prefill} " == *" ${case%%:*} "* ]] || continue
         echo "== 7B Q4_K layouts, ${case%%:*}"
         timeout 150 python3 -m strata.cli bench ab $pair --gate self --pairs 2 ${case#*:} --out /tmp/ab_layout \
             2>&1 | grep -E "tok_s|gate"
@@ -53,6 +55,10 @@ fi
 if [ -n "${PEER:-}" ]; then
     wait $peer_build || { tail -20 "$OUT/peer_build.txt"; exit 1; }
     tail -5 "$OUT/peer_build.txt"
+    for l in /tmp/site/llama_cpp/lib/lib{ggml-cuda,ggml-base,llama}.so; do
+        echo "$l: exports $(nm -D --defined-only "$l" | c++filt | grep -c 'std::') std:: symbols;" \
+            "$(nm -D --defined-only "$l" | c++filt | grep -c 'codecvt') of codecvt; $(ldd "$l" | grep stdc++)"
+    done
     timeout 200 python3 benchmarks/llamacpp_cuda/diag.py $model --gdb 2>&1 | tee "$OUT/peer_diag.txt"
     /tmp/llama-build/bin/llama-bench -m $model -p 512,2048 -n 128 -fa 1 -ngl 99 -r 3 2>&1 | tee "$OUT/llama_bench.txt"
     # The ab folder holds many files; $OUT gets its summary and the peer's log only.

@@ -217,6 +217,15 @@ def test_peer_worker_modules_leave_torch_unloaded() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_worker_module_loads_no_cxx_library_before_the_peer() -> None:
+    # llama.cpp's CUDA build crashed when numpy or torch was loaded first (strata/bench/worker.py):
+    # the worker module itself must load neither, so a llamacpp worker loads llama_cpp first.
+    code = "import sys; import strata.bench.worker; print(' '.join({m.split('.')[0] for m in sys.modules}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    loaded = set(out.stdout.split())
+    assert not loaded & {"numpy", "torch", "llama_cpp"}, loaded
+
+
 def test_llamacpp_peer_on_the_default_model(qwen_path: Path, tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")  # it cannot read the synthetic files (no BPE merges): the real model
     out = tmp_path / "out"

@@ -44,6 +44,13 @@ CASES = {
     "fd 1 on fd 2, as the worker": ("import os; os.dup2(2, 1)", "", {}, "n_ctx=1024"),
     "the worker's Llama arguments": ("", "", {}, WORKER_KWARGS),
     "the worker's imports first": ("import strata.bench.runners, strata.bench.peers", "", {}, "n_ctx=1024"),
+    # Whether one libstdc++ for all (the system's, first in the global scope) cures the case above.
+    "numpy first, the system libstdc++ preloaded": (
+        "import numpy",
+        "",
+        {"LD_PRELOAD": "/lib/x86_64-linux-gnu/libstdc++.so.6"},
+        "n_ctx=1024",
+    ),
 }
 
 

@@ -13,6 +13,7 @@ libraries writing to fd 1) is sent to stderr, so the protocol channel carries on
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -21,8 +22,7 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from .workload import Workload
-
+# Nothing here loads a C++ library before a llamacpp worker has loaded llama_cpp (see _load_peer_first).
 if TYPE_CHECKING:
     from .runners import WorkerConfig
 
@@ -57,13 +57,26 @@ def _ready_info(config: WorkerConfig, load_s: float) -> dict[str, Any]:
     return info
 
 
+def _load_peer_first(kind: str) -> None:
+    """llama.cpp's CUDA libraries as built on the GPU machine carry libstdc++ code of their own (its
+    symbols exported from libggml-cuda.so); loaded after a C++ library that the process already holds
+    (numpy's, torch's), llama_model_load_from_file crashed in print_info, inside libggml-cuda's copy
+    of std::ostream (a cuda-gdb backtrace, benchmarks/llamacpp_cuda/diag.py, 2026-12-04). Loaded
+    first, as in a plain `import llama_cpp`, it runs. So a llamacpp worker imports it before numpy."""
+    if kind == "llamacpp":
+        with contextlib.suppress(ImportError):  # LlamaCppRunner reports it, with the fix
+            import llama_cpp  # noqa: F401
+
+
 def main(argv: list[str]) -> int:
     channel = _protocol_channel()
     # A crash inside a peer's C library then leaves the Python stack in the arm's log.
     faulthandler.enable()
     try:
         fields = json.loads(argv[0])
+        _load_peer_first(fields.get("kind", ""))
         from .runners import WorkerConfig, build_runner
+        from .workload import Workload
 
         config = WorkerConfig(**fields)
         t0 = time.perf_counter()
