@@ -5,7 +5,7 @@
 #   3. `strata bench ab strata strata --device cuda`: the token gate      (SKIP_AB=1)
 #   4. benchmarks/gpu_matvec_graph.py: matvec tiles timed in graphs       (MATVEC_SWEEP=1 adds it)
 #   4b. Q4_K layouts on the 7B: `bench ab strata:q4k_layout=blocks strata:q4k_layout=planar`, decode
-#      b1, decode of 8 sequences, prefill 2,048 (LAYOUT_AB=1 adds it; about 3 minutes)
+#      b1, decode of 8 sequences, prefill 2,048, (asked for) 64 sequences (LAYOUT_AB=1 adds it; about 3 minutes)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
 #      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py shows
 #      in which process states llama-cpp-python loads the model (the bench's llamacpp arm still
@@ -44,7 +44,8 @@ model=/tmp/strata-synth/qwen2.5-0.5b.gguf
 if [ -n "${LAYOUT_AB:-}" ]; then
     [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] || python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
     pair="strata:q4k_layout=blocks strata:q4k_layout=planar --device cuda --model /tmp/strata-synth/qwen2.5-7b.gguf"
-    for case in "b1:-p 512 -n 128" "b8:-b 8 -p 128 -n 64" "prefill:--mode prefill -p 2048"; do
+    for case in "b1:-p 512 -n 128" "b8:-b 8 -p 128 -n 64" "prefill:--mode prefill -p 2048" \
+        "b64:-b 64 -p 128 -n 64"; do
         [[ " ${LAYOUT_CASES:-b1 b8 prefill} " == *" ${case%%:*} "* ]] || continue
         echo "== 7B Q4_K layouts, ${case%%:*}"
         timeout 150 python3 -m strata.cli bench ab $pair --gate self --pairs 2 ${case#*:} --out /tmp/ab_layout \
