@@ -12,7 +12,7 @@ first checked against the weight dequantized to bf16 then torch.matmul in fp32 (
 `triton.testing.do_bench` (median) times it against two baselines: torch.matmul on the weight
 dequantized once to bf16 (the speed of light for an unfused path), and "dequantize then matmul" per
 call (strata.kernels.dequant_packed to bf16, then cuBLAS), the path QuantLinear takes from
-DENSE_FROM_ROWS rows on. For M <= 16 the fused matvec is timed too. Prints a markdown table
+STRATA_DENSE_ROWS rows (64) on. For M <= 16 the fused matvec is timed too. Prints a markdown table
 (TFLOP/s = 2 M N K / time). Exit status 1 if any check failed.
 """
 
@@ -118,7 +118,7 @@ def bench_us(fn: Callable[[], object], small: bool) -> float:
 
 
 def dequant_matmul(x: torch.Tensor, packed: PackedQuantWeight) -> torch.Tensor:
-    """QuantLinear's path from DENSE_FROM_ROWS rows on: the Triton decode to bf16, then cuBLAS."""
+    """QuantLinear's path from STRATA_DENSE_ROWS rows (64) on: the Triton decode to bf16, then cuBLAS."""
     return F.linear(x, dequantize_packed(packed, torch.bfloat16))
 
 

@@ -33,8 +33,29 @@ def triton_on_cpu() -> bool:
 
 def q4k_layout() -> str:
     """STRATA_Q4K_LAYOUT: how Q4_K weights are packed for the GPU kernels, "blocks" (the GGUF blocks
-    as stored) or "planar" (see strata.kernels.quant_pack); the default is "blocks"."""
-    value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "blocks"
+    as stored) or "planar" (see strata.kernels.quant_pack); the default is "planar", faster or neutral
+    on every case of the 7B's paired suite on an H200 (benchmarks/RESULTS.md, 2026-12-04)."""
+    value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "planar"
     if value not in ("blocks", "planar"):
         raise ValueError(f"STRATA_Q4K_LAYOUT={value!r} is not a layout; set blocks or planar, or unset it")
     return value
+
+
+def kernel_row_limits() -> tuple[int, int]:
+    """STRATA_MATVEC_ROWS (default 16, at most 16) and STRATA_DENSE_ROWS (default 64): on the GPU
+    kernel path, up to MATVEC_ROWS activation rows go through the fused matvec, fewer than DENSE_ROWS
+    through the fused tensor-core matmul, and from DENSE_ROWS on the weight is dequantized for cuBLAS
+    (strata.layers.linear). Knobs for measuring the crossovers (`strata bench ab` arm options)."""
+    limits = []
+    for name, default in (("STRATA_MATVEC_ROWS", 16), ("STRATA_DENSE_ROWS", 64)):
+        value = os.environ.get(name, "") or str(default)
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{name}={value!r} is not a positive integer; unset it or set e.g. {default}")
+        limits.append(int(value))
+    matvec, dense = limits
+    if matvec > 16 or dense <= matvec:
+        raise ValueError(
+            f"STRATA_MATVEC_ROWS={matvec} must be at most 16 (the matvec's limit) and below "
+            f"STRATA_DENSE_ROWS={dense}; unset them for 16 and 64"
+        )
+    return matvec, dense

@@ -151,7 +151,8 @@ def test_model_shapes_cuda(qtype: GGMLQuantizationType, m: int, n: int, k: int):
 
 def test_default_config():
     small = default_config(T.Q4_K, 1, 4864, 896)
-    assert (small.block_m, small.block_n) == (16, 32)
+    assert (small.block_m, small.block_n) == (16, 16)
+    assert default_config(T.Q4_K, 17, 4864, 896).block_n == 32
     assert default_config(T.Q4_K, 40, 4864, 896).block_m == 64
     large = default_config(T.Q4_K, 2048, 18944, 3584)
     assert (large.block_m, large.block_n, large.num_warps) == (256, 128, 8)

@@ -48,6 +48,13 @@ SCALE_OFFSETS = {
 TYPES = list(SCALE_OFFSETS)
 
 
+@pytest.fixture(autouse=True)
+def blocks_layout_unless_asked(monkeypatch):
+    # Q4_K packs planar by default (int8 x for 16-bit x); the generic tests check the block kernels'
+    # exact fp32 arithmetic, and the planar tests set their layout themselves.
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "blocks")
+
+
 def random_weight(qtype: GGMLQuantizationType, n: int, k: int, seed: int) -> torch.Tensor:
     """Fresh random GGUF bytes of an (n, k) weight, every fp16 scale finite and varying per block."""
     rng = np.random.default_rng(seed)

@@ -19,6 +19,8 @@ OPTIONS: dict[str, frozenset[str]] = {
             "cuda_graphs",
             "prefill_kernel",
             "q4k_layout",
+            "matvec_rows",
+            "dense_rows",
             "tensor_parallel",
         }
     ),

@@ -45,6 +45,14 @@ class WorkerConfig:
         return Path(self.model)
 
 
+# Arm options that set strata's environment knobs (strata/env.py).
+_ENV_OPTIONS = {
+    "q4k_layout": "STRATA_Q4K_LAYOUT",
+    "matvec_rows": "STRATA_MATVEC_ROWS",
+    "dense_rows": "STRATA_DENSE_ROWS",
+}
+
+
 class StrataRunner:
     """strata's `LLMEngine`, built as the server builds it; a fresh engine (empty prefix cache) per run."""
 
@@ -60,9 +68,10 @@ class StrataRunner:
         gpu: dict[str, Any] = {"device": config.device} if self.gpu else {}
         if "tensor_parallel" in opts:  # likewise only when asked for (the harness sets it for N > 1)
             gpu["tensor_parallel"] = int(opts["tensor_parallel"])
-        if "q4k_layout" in opts:
-            # Read when the layers pack their weights; this worker process builds one model.
-            os.environ["STRATA_Q4K_LAYOUT"] = opts["q4k_layout"]
+        # Read when the layers are built; this worker process builds one model.
+        for option, variable in _ENV_OPTIONS.items():
+            if option in opts:
+                os.environ[variable] = opts[option]
         self.llm = LLM(
             ModelConfig(config.model_path, opts.get("dtype", "bfloat16" if self.gpu else "float32"), **gpu)
         )

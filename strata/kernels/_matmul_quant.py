@@ -112,7 +112,8 @@ def _legacy_nibbles(qs_ptr, r3, t3, i3, s0):
 @triton.jit
 def _group_quants(QTYPE: tl.constexpr, p0_ptr, p1_ptr, r3, t3, i3, s0, s1):
     """Every (row, group)'s quants as exact float32 integers less the type's offset, (BLOCK_N, NT, 16);
-    for the codebook types their signed levels or grid values (p1 is the `codebook` table)."""
+    for the codebook types their signed levels or grid values (p1 is the `codebook` table). Q4_K's
+    planar layout has `_planar_quants` instead."""
     if QTYPE == Q2_K:
         # Sub-block u = t % 16 of block t // 16 (80 bytes of p0: 16 scale bytes, 64 quant bytes; d and
         # dmin in p1): elements are bits 2s, 2s+1 of quant bytes 32(u // 8) + 16(u % 2) + i, with
@@ -160,11 +161,6 @@ def _group_quants(QTYPE: tl.constexpr, p0_ptr, p1_ptr, r3, t3, i3, s0, s1):
         byte = (t3 // 16) * 144 + 16 + (j // 2) * 32 + (t3 % 2) * 16
         q = tl.load(p0_ptr + r3 * s0 + byte + i3).to(tl.int32)
         w = exact_float((q >> (4 * (j % 2))) & 15, 0)
-    elif QTYPE == Q4_K_PLANAR:
-        # Element u = 16(t % 2) + i of sub-block t // 2 is nibble u // 4 of its 32-bit word u % 4.
-        u = (t3 % 2) * 16 + i3
-        q = tl.load(p0_ptr + r3 * s0 + (t3 // 2) * 16 + 4 * (u % 4) + u // 8).to(tl.int32)
-        w = exact_float((q >> (4 * ((u // 4) % 2))) & 15, 0)
     else:
         # Q6_K, half g = t // 8 of a super-block: element 32s + i (s = 0..3) takes its low 4 bits from
         # ql byte 64g + 32(s % 2) + i (low nibble for s < 2) and its high 2 bits from bits 2s, 2s + 1
@@ -176,6 +172,23 @@ def _group_quants(QTYPE: tl.constexpr, p0_ptr, p1_ptr, r3, t3, i3, s0, s1):
         qh = tl.load(p1_ptr + r3 * s1 + g * 32 + i).to(tl.int32)
         w = exact_float(((ql >> (4 * (s // 2))) & 15) | (((qh >> (2 * s)) & 3) << 4), 32)
     return w
+
+
+@triton.jit
+def _planar_quants(
+    words_ptr, rc, first_sub, last_sub, stride_words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """Q4_K planar: the quants of sub-blocks first_sub .. (clamped to last_sub) of rows rc as exact
+    float32 integers, (BLOCK_N, BLOCK_K // 16, 16) like `_group_quants`. A sub-block's four words
+    are one 16-byte load, and nibble i of word r is element 4i + r: shifting every word by 4i and
+    reshaping (i, r) puts the 32 elements in order, with no per-byte gather."""
+    NS: tl.constexpr = BLOCK_K // 32
+    sub = tl.minimum(first_sub + tl.arange(0, NS), last_sub)
+    at = words_ptr + rc[:, None, None] * stride_words + 4 * sub[None, :, None]
+    at += tl.arange(0, 4)[None, None, :]
+    shift = 4 * tl.arange(0, 8)[None, None, :, None]
+    q = exact_float((tl.load(at)[:, :, None, :] >> shift) & 15, 0)  # (BLOCK_N, NS, 8, 4)
+    return tl.reshape(q, (BLOCK_N, BLOCK_K // 16, 16))
 
 
 @triton.jit
@@ -230,7 +243,10 @@ def quant_matmul_kernel(
             # Groups past K repeat the last one (finite, valid bytes) and meet x = 0.
             xt = tl.load(x_rows + kk[None, :], mask=kk[None, :] < K, other=0)
             t3 = tl.minimum(t3, last_group)
-        q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
+        if QTYPE == Q4_K_PLANAR:
+            q = _planar_quants(p0_ptr, rc, k0 // 32, K // 32 - 1, s0, BLOCK_N, BLOCK_K)
+        else:
+            q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
         t_next = tl.minimum(k0 // 16 + NT + groups, last_group)
         mul_next, sub_next = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_next, s0, s1, s2, s3)
         w = mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR else mul * q  # noqa: SIM109

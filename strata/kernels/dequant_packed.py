@@ -16,13 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import exact_float
 from strata.kernels._matmul_quant import (
     Q4_K,
     Q4_K_PLANAR,
     _bf16_in_f32,
     _group_quants,
     _group_scales,
+    _planar_quants,
     kernel_type,
 )
 from strata.kernels.quant_matmul import MATMUL_TYPES, _kernel_args
@@ -45,35 +45,11 @@ def _dequant_kernel(
     r3 = rc[:, None, None]
     i3 = tl.arange(0, 16)[None, None, :]
     mul, sub = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s0, s1, s2, s3)
-    q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
+    if QTYPE == Q4_K_PLANAR:
+        q = _planar_quants(p0_ptr, rc, tl.program_id(1) * (BLOCK_K // 32), K // 32 - 1, s0, BLOCK_N, BLOCK_K)
+    else:
+        q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
     w = tl.reshape(mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR else mul * q, (BLOCK_N, BLOCK_K))  # noqa: SIM109
-    if ROUND_BF16:
-        w = _bf16_in_f32(w)
-    kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    ptrs = out_ptr + rn.to(tl.int64)[:, None] * stride_out + kk[None, :]
-    tl.store(ptrs, w.to(out_ptr.dtype.element_ty), mask=(rn[:, None] < N) & (kk[None, :] < K))
-
-
-@triton.jit
-def _dequant_q4_k_planar_kernel(
-    out_ptr, qs_ptr, sc_ptr, mn_ptr, dm_ptr,
-    N, K, stride_out, s_qs, s_sc, s_mn, s_dm,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
-    """Q4_K's planar layout a whole sub-block at a time: its four words (one 16-byte load) give the 32
-    nibbles in element order (nibble i of word r is element 4i + r), with no per-byte gather."""
-    NS: tl.constexpr = BLOCK_K // 32
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rc = tl.minimum(rn, N - 1)[:, None]
-    # Sub-blocks past K repeat the last one (valid bytes); their elements are not stored.
-    s = tl.minimum(tl.program_id(1) * NS + tl.arange(0, NS), K // 32 - 1)[None, :]
-    words = tl.load(qs_ptr + rc[:, :, None] * s_qs + 4 * s[:, :, None] + tl.arange(0, 4)[None, None, :])
-    shift = 4 * tl.arange(0, 8)[None, None, :, None]
-    q = exact_float((words[:, :, None, :] >> shift) & 15, 0)  # (BLOCK_N, NS, 8, 4): element 4i + r
-    dm = dm_ptr + rc * s_dm + (s // 8) * 2
-    mul = tl.load(dm).to(tl.float32) * exact_float(tl.load(sc_ptr + rc * s_sc + s).to(tl.int32), 0)
-    sub = tl.load(dm + 1).to(tl.float32) * exact_float(tl.load(mn_ptr + rc * s_mn + s).to(tl.int32), 0)
-    w = tl.reshape(mul[:, :, None, None] * q - sub[:, :, None, None], (BLOCK_N, BLOCK_K))
     if ROUND_BF16:
         w = _bf16_in_f32(w)
     kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -114,17 +90,8 @@ def dequantize_packed(
     grid = (triton.cdiv(w.n, block_n), triton.cdiv(w.k, block_k))
     # Triton's interpreter truncates fp32 -> bf16 casts; round to nearest even by hand there.
     round_bf16 = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    if w.layout == "planar":
-        if block_k < 32:
-            raise ValueError(f"Q4_K's planar layout needs block_k >= 32, got {block_k}")
-        qs, sc, mn, dm = w.planes
-        words = qs.view(torch.int32)  # one 16-byte load per sub-block
-        _dequant_q4_k_planar_kernel[grid](
-            out, words, sc, mn, dm, w.n, w.k, out.stride(0),
-            words.stride(0), sc.stride(0), mn.stride(0), dm.stride(0),
-            BLOCK_N=block_n, BLOCK_K=block_k, ROUND_BF16=round_bf16, enable_fp_fusion=False,
-        )  # fmt: skip
-        return out
+    if w.layout == "planar" and block_k < 32:
+        raise ValueError(f"Q4_K's planar layout needs block_k >= 32, got {block_k}")
     _dequant_kernel[grid](
         out, *planes, w.n, w.k, out.stride(0), *strides,
         QTYPE=kernel_type(int(w.qtype), w.layout), BLOCK_N=block_n, BLOCK_K=block_k, ROUND_BF16=round_bf16,

@@ -68,6 +68,8 @@ def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int) -> Matmu
     programs keep loads in flight (decoding, not the tensor cores, is the limit). Above: 128 and then
     256 rows per program with 8 warps, since each decoded W tile is reused by every row of the tile.
     """
+    if m <= 16:  # batched decode below STRATA_MATVEC_ROWS' default: twice the programs (untuned)
+        return MatmulConfig(16, 16, 128, num_warps=4, num_stages=3)
     if m <= 64:
         return MatmulConfig(max(16, triton.next_power_of_2(m)), 32, 128, num_warps=4, num_stages=3)
     if m <= 128:
@@ -81,6 +83,9 @@ def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
     if w.qtype in (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S):
         # The group decoders read quants from p0 and p1 only: the table goes second.
         planes.insert(1, codebook(w.qtype, w.device))
+    if w.layout == "planar":
+        # The int32 view of the quants: a sub-block is one 16-byte load of four words.
+        planes[0] = planes[0].view(torch.int32)
     if w.qtype == _T.Q4_K and w.layout == "blocks":
         # The fp16 view of the raw blocks reads d and dmin without assembling bytes.
         planes.append(planes[0].view(torch.float16))

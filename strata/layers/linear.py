@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType
 from torch import nn
 
+from strata import env
 from strata.gguf.reader import GGUFFile
 from strata.layers.placement import Placement
 from strata.parallel.group import all_reduce
@@ -21,22 +22,15 @@ if TYPE_CHECKING:
     from strata.kernels.quant_pack import PackedQuantWeight
 
 
-# From this many rows on, the kernel path dequantizes the weight to the activation dtype and lets
-# cuBLAS multiply: on an H200 the fused dequant + tl.dot kernel ran at 0.15-0.6x of cuBLAS on a dense
-# weight, while decoding to a bf16 copy should cost about one write and one read of that copy. The
-# crossover (64) is a prediction from that sweep, to be timed with benchmarks/gpu_matmul.py (see
-# benchmarks/notes/gpu_engine.md); below it the fused kernel saves the copy.
-DENSE_FROM_ROWS = 64
-
-
 class QuantLinear(nn.Module):
     """y = x W^T + b, W read from GGUF bytes.
 
     On the reference path W is dequantized once, at build time, into the compute dtype, and every
     call is a dense matmul. On the kernel path W stays in its GGUF blocks on the device (regrouped
-    into aligned planes, the same bytes): up to `MAX_M` rows go through the fused dequant matvec,
-    more through the fused dequant matmul, and from `DENSE_FROM_ROWS` rows on the weight is
-    dequantized on the fly for cuBLAS. Types without a fused kernel keep a dense weight.
+    into aligned planes, the same bytes): up to `matvec_rows` rows go through the fused dequant
+    matvec, more through the fused dequant matmul, and from `dense_rows` rows on the weight is
+    dequantized on the fly for cuBLAS (both from `strata.env.kernel_row_limits`: 16 and 64 by default).
+    Types without a fused kernel keep a dense weight.
 
     Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
     row-parallel one (`all_reduce`) sums the ranks' partial outputs before returning. A row-parallel
@@ -71,6 +65,10 @@ class QuantLinear(nn.Module):
             dense = dequantize(qweight.to(place.device), qtype, shape).to(place.dtype)
             self.weight = nn.Parameter(dense, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.to(place.device, place.dtype), False)
+        # Read once per layer, not per call. 64 dense rows was a prediction from the matmul sweep (fused
+        # tl.dot at 0.15-0.6x of cuBLAS on a dense weight; decoding to a bf16 copy costs about one write
+        # and one read of it); benchmarks/notes/gpu_engine.md has the measured crossovers.
+        self.matvec_rows, self.dense_rows = env.kernel_row_limits()
 
     @classmethod
     def load(cls, gguf: GGUFFile, name: str, place: Placement) -> QuantLinear:
@@ -102,13 +100,13 @@ class QuantLinear(nn.Module):
         if self.packed is None:
             assert self.weight is not None
             return F.linear(x, self.weight, self.bias)
-        from strata.kernels.quant_matvec import MAX_M, quant_matvec
+        from strata.kernels.quant_matvec import quant_matvec
 
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] <= MAX_M:
+        if flat.shape[0] <= self.matvec_rows:
             n, k = self.out_features, self.in_features
             y = quant_matvec(flat, self.packed, self.qtype, n, k, bias=self.bias)
-        elif flat.shape[0] < DENSE_FROM_ROWS:
+        elif flat.shape[0] < self.dense_rows:
             from strata.kernels.quant_matmul import quant_matmul
 
             y = quant_matmul(flat, self.packed)

@@ -1,0 +1,53 @@
+"""Which kernel a QuantLinear takes by row count (STRATA_MATVEC_ROWS, STRATA_DENSE_ROWS), and their checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType
+
+import strata.kernels.dequant_packed as dequant_packed
+import strata.kernels.quant_matmul as quant_matmul
+import strata.kernels.quant_matvec as quant_matvec
+from strata import env
+from strata.layers.linear import QuantLinear
+from strata.layers.placement import Placement
+
+T = GGMLQuantizationType
+
+
+def test_defaults_and_errors(monkeypatch):
+    monkeypatch.delenv("STRATA_MATVEC_ROWS", raising=False)
+    monkeypatch.delenv("STRATA_DENSE_ROWS", raising=False)
+    assert env.kernel_row_limits() == (16, 64)
+    for matvec, dense, match in [("17", "64", "at most 16"), ("8", "8", "below"), ("x", "64", "positive")]:
+        monkeypatch.setenv("STRATA_MATVEC_ROWS", matvec)
+        monkeypatch.setenv("STRATA_DENSE_ROWS", dense)
+        with pytest.raises(ValueError, match=match):
+            env.kernel_row_limits()
+
+
+@pytest.mark.parametrize("limits", [(16, 64), (4, 32)])
+def test_rows_pick_the_kernel(monkeypatch, limits: tuple[int, int]):
+    monkeypatch.setenv("STRATA_MATVEC_ROWS", str(limits[0]))
+    monkeypatch.setenv("STRATA_DENSE_ROWS", str(limits[1]))
+    called: list[str] = []
+
+    def record(name):
+        def run(x, *args, **kwargs):  # x (rows, 32) for the fused kernels; the packed weight for dense
+            called.append(name)
+            return torch.zeros(8, 32) if name == "dense" else torch.zeros(x.shape[0], 8)
+
+        return run
+
+    monkeypatch.setattr(quant_matvec, "quant_matvec", record("matvec"))
+    monkeypatch.setattr(quant_matmul, "quant_matmul", record("matmul"))
+    monkeypatch.setattr(dequant_packed, "dequantize_packed", record("dense"))
+    raw = torch.zeros(8, 34, dtype=torch.uint8)  # Q8_0: 8 rows of one 34-byte block
+    layer = QuantLinear(raw, T.Q8_0, (8, 32), Placement(kernels=True))
+    matvec, dense = limits
+    expected = {1: "matvec", matvec: "matvec", matvec + 1: "matmul", dense - 1: "matmul", dense: "dense"}
+    for rows, kernel in expected.items():
+        called.clear()
+        layer(torch.zeros(rows, 32))
+        assert called[0] == kernel, (rows, called)
