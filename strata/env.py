@@ -42,12 +42,15 @@ def q4k_layout() -> str:
 
 
 def kernel_row_limits() -> tuple[int, int]:
-    """STRATA_MATVEC_ROWS (default 16, at most 16) and STRATA_DENSE_ROWS (default 64): on the GPU
+    """STRATA_MATVEC_ROWS (default 4, at most 16) and STRATA_DENSE_ROWS (default 64): on the GPU
     kernel path, up to MATVEC_ROWS activation rows go through the fused matvec, fewer than DENSE_ROWS
     through the fused tensor-core matmul, and from DENSE_ROWS on the weight is dequantized for cuBLAS
-    (strata.layers.linear). Knobs for measuring the crossovers (`strata bench ab` arm options)."""
+    (strata.layers.linear). Knobs for measuring the crossovers (`strata bench ab` arm options); the
+    defaults are the measured ones (H200, 2026-12-04, benchmarks/RESULTS.md): on the 7B, 4 rows ran
+    faster through the matvec (matmul 0.91x), 8 and 16 through the matmul (2.08x, 4.16x), and 64
+    through cuBLAS (the matmul 0.96x)."""
     limits = []
-    for name, default in (("STRATA_MATVEC_ROWS", 16), ("STRATA_DENSE_ROWS", 64)):
+    for name, default in (("STRATA_MATVEC_ROWS", 4), ("STRATA_DENSE_ROWS", 64)):
         value = os.environ.get(name, "") or str(default)
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"{name}={value!r} is not a positive integer; unset it or set e.g. {default}")
@@ -56,6 +59,6 @@ def kernel_row_limits() -> tuple[int, int]:
     if matvec > 16 or dense <= matvec:
         raise ValueError(
             f"STRATA_MATVEC_ROWS={matvec} must be at most 16 (the matvec's limit) and below "
-            f"STRATA_DENSE_ROWS={dense}; unset them for 16 and 64"
+            f"STRATA_DENSE_ROWS={dense}; unset them for 4 and 64"
         )
     return matvec, dense

@@ -19,7 +19,7 @@ T = GGMLQuantizationType
 def test_defaults_and_errors(monkeypatch):
     monkeypatch.delenv("STRATA_MATVEC_ROWS", raising=False)
     monkeypatch.delenv("STRATA_DENSE_ROWS", raising=False)
-    assert env.kernel_row_limits() == (16, 64)
+    assert env.kernel_row_limits() == (4, 64)
     for matvec, dense, match in [("17", "64", "at most 16"), ("8", "8", "below"), ("x", "64", "positive")]:
         monkeypatch.setenv("STRATA_MATVEC_ROWS", matvec)
         monkeypatch.setenv("STRATA_DENSE_ROWS", dense)

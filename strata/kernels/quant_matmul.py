@@ -68,7 +68,7 @@ def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int) -> Matmu
     programs keep loads in flight (decoding, not the tensor cores, is the limit). Above: 128 and then
     256 rows per program with 8 warps, since each decoded W tile is reused by every row of the tile.
     """
-    if m <= 16:  # batched decode below STRATA_MATVEC_ROWS' default: twice the programs (untuned)
+    if m <= 16:  # batched decode (5-16 rows by default): twice the programs of 32-row W tiles (untuned)
         return MatmulConfig(16, 16, 128, num_warps=4, num_stages=3)
     if m <= 64:
         return MatmulConfig(max(16, triton.next_power_of_2(m)), 32, 128, num_warps=4, num_stages=3)

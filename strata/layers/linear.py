@@ -29,7 +29,7 @@ class QuantLinear(nn.Module):
     call is a dense matmul. On the kernel path W stays in its GGUF blocks on the device (regrouped
     into aligned planes, the same bytes): up to `matvec_rows` rows go through the fused dequant
     matvec, more through the fused dequant matmul, and from `dense_rows` rows on the weight is
-    dequantized on the fly for cuBLAS (both from `strata.env.kernel_row_limits`: 16 and 64 by default).
+    dequantized on the fly for cuBLAS (both from `strata.env.kernel_row_limits`: 4 and 64 by default).
     Types without a fused kernel keep a dense weight.
 
     Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
@@ -65,9 +65,7 @@ class QuantLinear(nn.Module):
             dense = dequantize(qweight.to(place.device), qtype, shape).to(place.dtype)
             self.weight = nn.Parameter(dense, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.to(place.device, place.dtype), False)
-        # Read once per layer, not per call. 64 dense rows was a prediction from the matmul sweep (fused
-        # tl.dot at 0.15-0.6x of cuBLAS on a dense weight; decoding to a bf16 copy costs about one write
-        # and one read of it); benchmarks/notes/gpu_engine.md has the measured crossovers.
+        # Read once per layer, not per call (the measured crossovers: strata.env.kernel_row_limits).
         self.matvec_rows, self.dense_rows = env.kernel_row_limits()
 
     @classmethod
