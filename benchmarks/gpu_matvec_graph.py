@@ -27,6 +27,7 @@ import math
 import os
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 if "--smoke" in sys.argv:
@@ -68,11 +69,13 @@ def configs(
 ) -> list[Config]:
     """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
     compiled once per type (N and K are run-time arguments); the planar Q4_K kernel also tries
-    1,024-element steps, each config with fp32 x, with prefetch and with int8 x. Matmul (with
+    1,024-element steps, each config with fp32 x, with prefetch, with int8 x and with int8 x and all
+    rows of a step at once. Matmul (with
     --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand orders, as
     a candidate for the decode of 16-bit x."""
     if smoke:
-        extra = [MatvecConfig(8, 256, 2, int8_x=True)] if layout == "planar" else []
+        int8 = MatvecConfig(8, 256, 2, int8_x=True)
+        extra = [int8, replace(int8, rows_at_once=True)] if layout == "planar" else []
         return [
             MatvecConfig(16, 256, 1),
             MatvecConfig(8, 256, 2),
@@ -86,10 +89,13 @@ def configs(
     for bn, bk, warps in itertools.product((8, 16, 32, 64), steps, (4, 8)):
         if bk % unit or bn * bk > (32768 if planar else 16384):
             continue
-        # The planar kernel: fp32 x, fp32 x with prefetch, x quantized to int8 (dp4a).
-        variants = [(False, False), (True, False), (False, True)] if planar else [(False, None)]
-        for split, (prefetch, int8) in itertools.product(sorted({1, auto_split_k(n, k, bn, bk)}), variants):
-            out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8))
+        # The planar kernel: fp32 x, fp32 x with prefetch, x quantized to int8 (dp4a), the latter also
+        # with all rows of a step at once (for --m > 1).
+        variants = [(False, False, False), (True, False, False), (False, True, False), (False, True, True)]
+        for split, (prefetch, int8, at_once) in itertools.product(
+            sorted({1, auto_split_k(n, k, bn, bk)}), variants if planar else [(False, None, False)]
+        ):
+            out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once))
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))

@@ -13,6 +13,7 @@ block gives errors of the order of |ref| itself, hundreds of times larger).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -216,6 +217,38 @@ def test_q4_k_int8_x(m: int, dtype: torch.dtype, config: MatvecConfig | None):
 @pytest.mark.parametrize("n,k", [(4864, 896 + 128), (896, 4864), (3584, 3584)])
 def test_q4_k_int8_x_model_shapes_cuda(m: int, n: int, k: int):
     check_int8(m, n, k, torch.bfloat16, None)
+
+
+def rows_at_once_equals_row_by_row(m: int, n: int, k: int, split_k: int) -> None:
+    # The same per-row arithmetic in the same order: the two variants must agree bit for bit.
+    raw = random_weight(T.Q4_K, n, k, seed=m * 7 + n).to(DEVICE)
+    packed = pack_quant_weight(raw, T.Q4_K, n, k, "planar")
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    x[-1, 32:64] = 0  # an all-zero sub-block: scale 0
+    base = MatvecConfig(8, 128, split_k, int8_x=True)
+    one = quant_matvec(x, packed, T.Q4_K, n, k, config=base)
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
+    at_once = quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(base, rows_at_once=True))
+    assert torch.equal(one, at_once)
+
+
+@pytest.mark.parametrize("m,split_k", [(1, 1), (3, 2), (5, 1)])
+def test_int8_rows_at_once_is_bitwise_row_by_row(m: int, split_k: int):
+    rows_at_once_equals_row_by_row(m, 21, k_for(T.Q4_K, 3), split_k)
+
+
+@cuda_only
+@pytest.mark.parametrize("m", [2, 4, 16])
+def test_int8_rows_at_once_model_shapes_cuda(m: int):
+    rows_at_once_equals_row_by_row(m, 3584, 18944, 2)
+
+
+def test_rows_at_once_needs_the_int8_kernel():
+    raw = random_weight(T.Q8_0, 4, 64, seed=1).to(DEVICE)
+    with pytest.raises(ValueError, match="rows_at_once is implemented in the int8_x kernel only"):
+        quant_matvec(
+            torch.randn(1, 64, device=DEVICE), raw, T.Q8_0, 4, 64, config=MatvecConfig(rows_at_once=True)
+        )
 
 
 def test_int8_x_is_the_default_for_16_bit_x_only(monkeypatch):

@@ -72,13 +72,12 @@ def q4_k_int8_matvec_kernel(
     N, K,
     stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr, ROWS_AT_ONCE: tl.constexpr,
 ):  # fmt: skip
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     js = tl.arange(0, NS)
-    ir = tl.arange(0, 4)
     n_sub = K // 32
     lo, hi = split_range(n_sub, NS, SPLIT_K)
     acc = tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
@@ -92,16 +91,49 @@ def q4_k_int8_matvec_kernel(
         w_hi = (words >> 4) & 0x0F0F0F0F
         d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
         d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
-        for m in tl.static_range(M):
-            xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
-            x_lo = tl.load(xq_at, mask=sv[:, None], other=0)  # (NS, 4)
-            x_hi = tl.load(xq_at + 4, mask=sv[:, None], other=0)
-            x_lo = tl.broadcast_to(x_lo[None, :, :], words.shape)
-            x_hi = tl.broadcast_to(x_hi[None, :, :], words.shape)
-            dot = _dp4a(w_lo, x_lo, tl.zeros(words.shape, tl.int32), USE_ASM)
-            dot = _dp4a(w_hi, x_hi, dot, USE_ASM)
-            xd = tl.load(xd_ptr + m * n_sub + s, mask=sv, other=0)
-            xs = tl.load(xs_ptr + m * n_sub + s, mask=sv, other=0)
-            part = d_sc * (tl.sum(dot, 2).to(tl.float32) * xd[None, :]) - d_mn * xs[None, :]
-            acc = add_to_row3(acc, part, m, M_PAD)
+        if ROWS_AT_ONCE:
+            acc += _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM)
+        else:
+            acc = _row_by_row(
+                acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM
+            )
     store_rows(y_ptr, tl.sum(acc, 2), rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+
+
+@triton.jit
+def _row_by_row(acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M: tl.constexpr,
+                M_PAD: tl.constexpr, USE_ASM: tl.constexpr):  # fmt: skip
+    """acc (M_PAD, BLOCK_N, NS) += each row's products with the step's words, one row after another
+    (each added through a select over the whole accumulator: work grows as M squared)."""
+    ir = tl.arange(0, 4)
+    for m in tl.static_range(M):
+        xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
+        x_lo = tl.broadcast_to(tl.load(xq_at, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)  # (NS, 4)
+        x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)
+        dot = _dp4a(w_lo, x_lo, tl.zeros(w_lo.shape, tl.int32), USE_ASM)
+        dot = _dp4a(w_hi, x_hi, dot, USE_ASM)
+        xd = tl.load(xd_ptr + m * n_sub + s, mask=sv, other=0)
+        xs = tl.load(xs_ptr + m * n_sub + s, mask=sv, other=0)
+        part = d_sc * (tl.sum(dot, 2).to(tl.float32) * xd[None, :]) - d_mn * xs[None, :]
+        acc = add_to_row3(acc, part, m, M_PAD)
+    return acc
+
+
+@triton.jit
+def _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M: tl.constexpr,
+              M_PAD: tl.constexpr, USE_ASM: tl.constexpr):  # fmt: skip
+    """The step's (M_PAD, BLOCK_N, NS) partial sums for every row at once, by broadcasting: the same
+    per-row arithmetic as `_row_by_row` (so the same sums, bit for bit), with work linear in M."""
+    mi = tl.arange(0, M_PAD)
+    valid = (mi < M)[:, None] & sv[None, :]  # (M_PAD, NS)
+    xq_at = xq_ptr + mi[:, None, None] * n_sub * 8 + s[None, :, None] * 8
+    xq_at += tl.arange(0, 4)[None, None, :]
+    shape = (M_PAD, w_lo.shape[0], w_lo.shape[1], 4)
+    x_lo = tl.broadcast_to(tl.load(xq_at, mask=valid[:, :, None], other=0)[:, None, :, :], shape)
+    x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=valid[:, :, None], other=0)[:, None, :, :], shape)
+    dot = _dp4a(tl.broadcast_to(w_lo[None, :, :, :], shape), x_lo, tl.zeros(shape, tl.int32), USE_ASM)
+    dot = _dp4a(tl.broadcast_to(w_hi[None, :, :, :], shape), x_hi, dot, USE_ASM)
+    xd = tl.load(xd_ptr + mi[:, None] * n_sub + s[None, :], mask=valid, other=0)
+    xs = tl.load(xs_ptr + mi[:, None] * n_sub + s[None, :], mask=valid, other=0)
+    dots = tl.sum(dot, 3).to(tl.float32)
+    return d_sc[None, :, :] * (dots * xd[:, None, :]) - d_mn[None, :, :] * xs[:, None, :]

@@ -55,7 +55,9 @@ class MatvecConfig:
     """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k.
     `prefetch` (Q4_K's planar kernel only) issues each step's loads one step ahead. `int8_x` (Q4_K
     planar only) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the default)
-    does so for fp16 / bf16 x and keeps fp32 x exact."""
+    does so for fp16 / bf16 x and keeps fp32 x exact. `rows_at_once` (int8 kernel only) computes all
+    M rows of a step by broadcasting instead of one after another: the same sums, bit for bit, with
+    work linear in M (opt-in until timed on a GPU)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -63,6 +65,7 @@ class MatvecConfig:
     num_warps: int = 4
     prefetch: bool = False
     int8_x: bool | None = None
+    rows_at_once: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -190,6 +193,8 @@ def quant_matvec(
     int8_x = planar and (x.dtype != torch.float32 if cfg.int8_x is None else cfg.int8_x)
     if int8_x and cfg.prefetch:
         raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
+    if cfg.rows_at_once and not int8_x:
+        raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
     extra = {"PREFETCH": cfg.prefetch} if planar else {}
     # Split-K partials go to an fp32 workspace summed afterwards: deterministic, unlike atomics.
     y = out if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
@@ -241,6 +246,7 @@ def _int8_matvec(
         xq, xd, xs, y, y if bias is None else bias, *planes, n, k, stride_ys, y.stride(-2), *strides,
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps,
+        ROWS_AT_ONCE=cfg.rows_at_once,
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
         USE_ASM=x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
     )  # fmt: skip
