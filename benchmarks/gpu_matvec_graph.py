@@ -70,12 +70,13 @@ def configs(
     """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
     compiled once per type (N and K are run-time arguments); the planar Q4_K kernel also tries
     1,024-element steps, each config with fp32 x, with prefetch, with int8 x and with int8 x and all
-    rows of a step at once. Matmul (with
+    rows of a step at once; Q6_K also with int8 x. Matmul (with
     --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand orders, as
     a candidate for the decode of 16-bit x."""
     if smoke:
         int8 = MatvecConfig(8, 256, 2, int8_x=True)
         extra = [int8, replace(int8, rows_at_once=True)] if layout == "planar" else []
+        extra += [int8] if qtype == T.Q6_K else []
         return [
             MatvecConfig(16, 256, 1),
             MatvecConfig(8, 256, 2),
@@ -92,8 +93,10 @@ def configs(
         # The planar kernel: fp32 x, fp32 x with prefetch, x quantized to int8 (dp4a), the latter also
         # with all rows of a step at once (for --m > 1).
         variants = [(False, False, False), (True, False, False), (False, True, False), (False, True, True)]
+        if not planar:  # the block kernels; Q6_K also on int8 x
+            variants = [(False, None, False)] + ([(False, True, False)] if qtype == T.Q6_K else [])
         for split, (prefetch, int8, at_once) in itertools.product(
-            sorted({1, auto_split_k(n, k, bn, bk)}), variants if planar else [(False, None, False)]
+            sorted({1, auto_split_k(n, k, bn, bk)}), variants
         ):
             out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once))
     if tensor_core:
@@ -116,7 +119,9 @@ def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: Config)
     out = torch.full((x.shape[0], w.n), float("nan"), dtype=x.dtype, device=x.device)
     launch(x, w, out, cfg)
     got = out.double()
-    int8 = isinstance(cfg, MatvecConfig) and w.layout == "planar" and cfg.int8_x is not False
+    int8 = isinstance(cfg, MatvecConfig) and (
+        bool(cfg.int8_x) or (w.layout == "planar" and cfg.int8_x is None)
+    )
     limit = (3e-2 if int8 else 1e-2) * ref.abs().max().item()
     return bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= limit
 

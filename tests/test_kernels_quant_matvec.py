@@ -168,38 +168,45 @@ def _quantized_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ).double()
 
 
+@pytest.mark.parametrize("planar", [True, False], ids=["planar order", "element order"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_quantize_x_matches_reference(dtype: torch.dtype):
+def test_quantize_x_matches_reference(dtype: torch.dtype, planar: bool):
     m, k = 3, 1312  # 41 sub-blocks: a partial program of 32
     x = (torch.randn(m, k) * torch.rand(m, k // 32, 1).repeat_interleave(32, 1).view(m, k) * 4).to(dtype)
     x[1, 64:96] = 0  # an all-zero sub-block: dx = 0, q = 0
-    xq, xd, xs = (t.cpu() for t in quantize_x(x.to(DEVICE)))
+    xq, xd, xs = (t.cpu() for t in quantize_x(x.to(DEVICE), planar=planar))
     q, dx = _quantized_x(x)
-    # Element 8b + 4h + r of a sub-block is byte b of word 4h + r.
-    b = (xq.view(m, -1, 1, 8) >> (8 * torch.arange(4)).view(1, 1, 4, 1)) & 255
-    got = ((b ^ 128) - 128).view(m, -1, 32)
+    shifts = 8 * torch.arange(4)
+    if planar:  # element 8b + 4h + r of a sub-block is byte b of word 4h + r
+        b = (xq.view(m, -1, 1, 8) >> shifts.view(1, 1, 4, 1)) & 255
+    else:  # element 4j + b is byte b of word j
+        b = (xq.view(m, -1, 8, 1) >> shifts.view(1, 1, 1, 4)) & 255
+    got = ((b ^ 128) - 128).reshape(m, -1, 32)
     assert torch.equal(got.double(), q), "int8 values or their packing differ"
     assert torch.equal(xd.double(), dx.squeeze(-1))
     assert torch.allclose(xs.double(), x.double().view(m, -1, 32).sum(-1), rtol=1e-5, atol=1e-5)
 
 
-def check_int8(m: int, n: int, k: int, dtype: torch.dtype, config: MatvecConfig | None) -> None:
-    """The int8 path against its own arithmetic (fp32 rounding only): W (q * dx), with the min term
+def check_int8(
+    m: int, n: int, k: int, dtype: torch.dtype, config: MatvecConfig | None, qtype: T = T.Q4_K
+) -> None:
+    """The int8 path against its own arithmetic (fp32 rounding only): W (q * dx), with Q4_K's min term
     taken from the exact sum of x; and against the fp32 product within the quantization bound."""
-    raw = random_weight(T.Q4_K, n, k, seed=m + n + 100)
+    raw = random_weight(qtype, n, k, seed=m + n + 100)
     x = torch.randn(m, k).to(dtype)
     x[0, :32] = 0
-    packed = pack_quant_weight(raw.to(DEVICE), T.Q4_K, n, k, "planar")
-    cfg = MatvecConfig(**{**(config or default_config(T.Q4_K, m, n, k)).__dict__, "int8_x": True})
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k, "planar")
+    cfg = replace(config or default_config(qtype, m, n, k), int8_x=True)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
-    y = quant_matvec(x.to(DEVICE), packed, T.Q4_K, n, k, out=out, config=cfg).cpu().double()
-    w = dequantize(raw, T.Q4_K, (n, k)).double()
+    y = quant_matvec(x.to(DEVICE), packed, qtype, n, k, out=out, config=cfg).cpu().double()
+    w = dequantize(raw, qtype, (n, k)).double()
     q, dx = _quantized_x(x)
     xhat = (q * dx).view(m, k)
-    _, _, mn, dm = (p.cpu() for p in packed.planes)
-    d_mn = dm.view(n, -1, 2)[..., 1].double().repeat_interleave(8, 1) * mn.double()  # (n, k / 32)
-    correction = (xhat.view(m, -1, 32).sum(-1) - x.double().view(m, -1, 32).sum(-1)) @ d_mn.T
-    own = xhat @ w.T + correction
+    own = xhat @ w.T
+    if qtype == T.Q4_K:
+        _, _, mn, dm = (p.cpu() for p in packed.planes)
+        d_mn = dm.view(n, -1, 2)[..., 1].double().repeat_interleave(8, 1) * mn.double()  # (n, k / 32)
+        own += (xhat.view(m, -1, 32).sum(-1) - x.double().view(m, -1, 32).sum(-1)) @ d_mn.T
     scale = xhat.abs() @ w.abs().T + x.double().abs() @ w.abs().T
     assert ((y - own).abs() <= torch.finfo(dtype).eps * own.abs() + 1e-5 * scale).all()
     ref = x.double() @ w.T
@@ -212,11 +219,23 @@ def test_q4_k_int8_x(m: int, dtype: torch.dtype, config: MatvecConfig | None):
     check_int8(m, 37, k_for(T.Q4_K, 5), dtype, config)
 
 
+@pytest.mark.parametrize("m,dtype,config", CASES, ids=lambda c: str(c)[:24])
+def test_q6_k_int8_x(m: int, dtype: torch.dtype, config: MatvecConfig | None):
+    check_int8(m, 37, k_for(T.Q6_K, 5), dtype, config, T.Q6_K)
+
+
 @cuda_only
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k", [(4864, 896 + 128), (896, 4864), (3584, 3584)])
 def test_q4_k_int8_x_model_shapes_cuda(m: int, n: int, k: int):
     check_int8(m, n, k, torch.bfloat16, None)
+
+
+@cuda_only
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("n,k", [(896, 4864), (3584, 18944), (151936, 896)])
+def test_q6_k_int8_x_model_shapes_cuda(m: int, n: int, k: int):
+    check_int8(m, n, k, torch.bfloat16, None, T.Q6_K)
 
 
 def rows_at_once_equals_row_by_row(m: int, n: int, k: int, split_k: int) -> None:
@@ -264,12 +283,13 @@ def test_int8_x_is_the_default_for_16_bit_x_only(monkeypatch):
     assert torch.equal(fast, forced)
 
 
-def test_prefetch_is_planar_only():
+def test_prefetch_and_int8_x_need_their_kernels():
     raw = random_weight(T.Q8_0, 4, 64, seed=1).to(DEVICE)
-    with pytest.raises(ValueError, match="prefetch and int8_x need Q4_K.s planar layout"):
-        quant_matvec(
-            torch.randn(1, 64, device=DEVICE), raw, T.Q8_0, 4, 64, config=MatvecConfig(prefetch=True)
-        )
+    x = torch.randn(1, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="prefetch needs Q4_K.s planar layout"):
+        quant_matvec(x, raw, T.Q8_0, 4, 64, config=MatvecConfig(prefetch=True))
+    with pytest.raises(ValueError, match="int8_x needs Q4_K.s planar layout .* or Q6_K, not Q8_0"):
+        quant_matvec(x, raw, T.Q8_0, 4, 64, config=MatvecConfig(int8_x=True))
 
 
 @pytest.mark.parametrize("layout", ["blocks", "planar"])

@@ -2,14 +2,12 @@
 
 The fp32 kernels spend several instructions per weight (unpack, convert, multiply-add) and Nsight
 Compute shows them compute- and L1-bound at a fifth of HBM bandwidth. Here x is first quantized per
-32-element sub-block to int8 with one fp32 scale, as llama.cpp's CUDA backend does (its q8_1), and a
-word of eight nibbles meets its x with two masks and two dp4a (integer dot products of four bytes).
-
-`quantize_x_kernel` writes, per row and sub-block: dx = max|x| / 127, q = round(x / dx) in [-127,
-127], the exact fp32 sum of x (the min term needs sum(x), not sum(q) * dx), and q packed to match the
-planar weights: nibble i of weight word r is element 4i + r, so word w & 0x0F0F0F0F holds elements
-r, 8 + r, 16 + r, 24 + r and (w >> 4) & 0x0F0F0F0F holds 4 + r, 12 + r, 20 + r, 28 + r. The x words
-are (lo r = 0..3, hi r = 0..3), eight per sub-block.
+32-element sub-block to int8 with one fp32 scale (`_int8_x`), as llama.cpp's CUDA backend does (its
+q8_1), and a word of eight nibbles meets its x with two masks and two dp4a (integer dot products of
+four bytes). x is packed to match the planar weights: nibble i of weight word r is element 4i + r, so
+word w & 0x0F0F0F0F holds elements r, 8 + r, 16 + r, 24 + r and (w >> 4) & 0x0F0F0F0F holds 4 + r,
+12 + r, 20 + r, 28 + r; the x words are (lo r = 0..3, hi r = 0..3), eight per sub-block. The min term
+takes the exact fp32 sum of x (not sum(q) * dx).
 
 The result differs from the fp32 product by at most sum_k |w_k| * dx_k / 2 (each q is x / dx
 rounded to nearest) plus fp32 rounding: comparable to rounding x to bf16 first.
@@ -19,51 +17,8 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
+from strata.kernels._int8_x import _dp4a
 from strata.kernels._matvec_q4k_planar import _loads
-
-
-@triton.jit
-def quantize_x_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, NSB: tl.constexpr):
-    """Program (m, j) quantizes sub-blocks j * NSB .. of row m."""
-    m = tl.program_id(0)
-    s = tl.program_id(1) * NSB + tl.arange(0, NSB)
-    sv = s < K // 32
-    e = tl.arange(0, 32)
-    x = tl.load(x_ptr + m * stride_xm + s[:, None] * 32 + e[None, :], mask=sv[:, None], other=0)
-    x = x.to(tl.float32)
-    amax = tl.max(tl.abs(x), 1)
-    # Correctly rounded divisions (the GPU's default fp32 `/` is approximate), so that the interpreter
-    # and the GPU round every x alike; no 1 / 0, even where unused.
-    inv = tl.where(
-        amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.maximum(amax, 1e-30)), 0.0
-    )
-    v = x * inv[:, None]
-    q = (v + tl.where(v >= 0, 0.5, -0.5)).to(tl.int32)  # round half away from zero
-    # Element e = 8b + 4h + r goes to byte b of x word (h, r).
-    b = tl.reshape(q & 255, (NSB, 4, 8)) << (8 * tl.arange(0, 4))[None, :, None]
-    words = tl.sum(b, 1)  # (NSB, 8): word 4h + r; the shifted bytes do not overlap
-    n_sub = K // 32
-    tl.store(xq_ptr + m * n_sub * 8 + s[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=sv[:, None])
-    tl.store(
-        xd_ptr + m * n_sub + s,
-        tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float32),
-        mask=sv,
-    )
-    tl.store(xs_ptr + m * n_sub + s, tl.sum(x, 1), mask=sv)
-
-
-@triton.jit
-def _dp4a(a, b, c, USE_ASM: tl.constexpr):
-    """c + sum over the four bytes of a (unsigned) times those of b (signed)."""
-    if USE_ASM:
-        out = tl.inline_asm_elementwise(
-            "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1
-        )
-    else:  # Triton's interpreter runs no PTX: the same integer arithmetic, byte by byte
-        out = c
-        for i in tl.static_range(4):
-            out += ((a >> (8 * i)) & 255) * ((((b >> (8 * i)) & 255) ^ 128) - 128)
-    return out
 
 
 @triton.jit

@@ -15,6 +15,7 @@ import torch
 import triton
 from gguf.constants import GGMLQuantizationType
 
+from strata.kernels._int8_x import quantize_x_kernel
 from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
 from strata.kernels._matvec_legacy import q4_0_matvec_kernel, q5_0_matvec_kernel, q8_0_matvec_kernel
 from strata.kernels._matvec_lowbit import (
@@ -24,8 +25,9 @@ from strata.kernels._matvec_lowbit import (
     iq4_xs_matvec_kernel,
     q2_k_matvec_kernel,
 )
-from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel, quantize_x_kernel
+from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
 from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
+from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 
 _T = GGMLQuantizationType
@@ -54,10 +56,11 @@ MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 class MatvecConfig:
     """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k.
     `prefetch` (Q4_K's planar kernel only) issues each step's loads one step ahead. `int8_x` (Q4_K
-    planar only) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the default)
-    does so for fp16 / bf16 x and keeps fp32 x exact. `rows_at_once` (int8 kernel only) computes all
-    M rows of a step by broadcasting instead of one after another: the same sums, bit for bit, with
-    work linear in M (opt-in until timed on a GPU)."""
+    planar and Q6_K) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the default)
+    does so on Q4_K planar for fp16 / bf16 x and keeps fp32 x exact (Q6_K: only when asked, until
+    timed). `rows_at_once` (Q4_K's int8 kernel only) computes all M rows of a step by broadcasting
+    instead of one after another: the same sums, bit for bit, with work linear in M (opt-in until
+    timed; Q6_K's int8 kernel always works so)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -185,15 +188,22 @@ def quant_matvec(
     kernel, unit = _Q4_K_PLANAR if planar else _KERNELS[qtype]
     if cfg.block_k % unit:
         raise ValueError(f"{qtype.name} needs block_k to be a multiple of {unit}, got {cfg.block_k}")
-    if (cfg.prefetch or cfg.int8_x) and not planar:
+    if cfg.prefetch and not planar:
         raise ValueError(
-            f"MatvecConfig.prefetch and int8_x need Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar), "
+            f"MatvecConfig.prefetch needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar), "
             f"not {qtype.name} ({packed.layout})"
         )
-    int8_x = planar and (x.dtype != torch.float32 if cfg.int8_x is None else cfg.int8_x)
+    if cfg.int8_x and not (planar or qtype == _T.Q6_K):
+        raise ValueError(
+            f"MatvecConfig.int8_x needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar) or Q6_K, "
+            f"not {qtype.name} ({packed.layout})"
+        )
+    # Q4_K planar takes int8 x by default for 16-bit x; Q6_K's int8 kernel is opt-in until timed.
+    by_default = planar and x.dtype != torch.float32
+    int8_x = by_default if cfg.int8_x is None else cfg.int8_x
     if int8_x and cfg.prefetch:
         raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
-    if cfg.rows_at_once and not int8_x:
+    if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
     extra = {"PREFETCH": cfg.prefetch} if planar else {}
     # Split-K partials go to an fp32 workspace summed afterwards: deterministic, unlike atomics.
@@ -202,7 +212,7 @@ def quant_matvec(
     tensors, strides = _kernel_args(packed)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     if int8_x:
-        _int8_matvec(x, y, bias, tensors, strides, grid, n, k, stride_ys, cfg)
+        _int8_matvec(qtype, x, y, bias, tensors, strides, grid, n, k, stride_ys, cfg)
     else:
         kernel[grid](
             x, y, y if bias is None else bias, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
@@ -214,20 +224,24 @@ def quant_matvec(
     return out
 
 
-def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(M, K) x -> per 32-element sub-block: int8 values packed as the int8 matvec reads them
-    (M, K / 4) int32, their scale max|x| / 127 and the fp32 sum of x, both (M, K / 32)."""
+def quantize_x(x: torch.Tensor, planar: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, K) x -> per 32-element sub-block: int8 values packed four to a word as the int8 matvecs
+    read them, (M, K / 4) int32 (in Q4_K planar order, or with `planar` off in element order), their
+    scale max|x| / 127 and the fp32 sum of x, both (M, K / 32)."""
     m, subs = x.shape[0], x.shape[1] // 32
     xq = torch.empty(m, subs * 8, dtype=torch.int32, device=x.device)
     xd = torch.empty(m, subs, dtype=torch.float32, device=x.device)
     xs = torch.empty(m, subs, dtype=torch.float32, device=x.device)
     # No FMA contraction: x * (127 / max) + 0.5 must round twice, as the interpreter and tests do.
     grid = (m, triton.cdiv(subs, 32))
-    quantize_x_kernel[grid](x, xq, xd, xs, x.shape[1], x.stride(0), NSB=32, enable_fp_fusion=False)
+    quantize_x_kernel[grid](
+        x, xq, xd, xs, x.shape[1], x.stride(0), NSB=32, PLANAR=planar, enable_fp_fusion=False
+    )
     return xq, xd, xs
 
 
 def _int8_matvec(
+    qtype: GGMLQuantizationType,
     x: torch.Tensor,
     y: torch.Tensor,
     bias: torch.Tensor | None,
@@ -241,12 +255,25 @@ def _int8_matvec(
 ) -> None:
     """x quantized to int8 per 32 elements (one launch), then the dp4a matvec into y."""
     m = x.shape[0]
-    xq, xd, xs = quantize_x(x)
-    q4_k_int8_matvec_kernel[grid](
-        xq, xd, xs, y, y if bias is None else bias, *planes, n, k, stride_ys, y.stride(-2), *strides,
+    q6_k = qtype == _T.Q6_K
+    xq, xd, xs = quantize_x(x, planar=not q6_k)
+    common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps,
-        ROWS_AT_ONCE=cfg.rows_at_once,
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
         USE_ASM=x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
     )  # fmt: skip
+    b = y if bias is None else bias
+    if q6_k:
+        # ql and qh as int32 words (each row a whole number of words); scales and d as they are.
+        ql, qh, sc, d = planes
+        ql, qh = ql.view(torch.int32), qh.view(torch.int32)
+        q6_k_int8_matvec_kernel[grid](
+            xq, xd, y, b, ql, qh, sc, d, n, k, stride_ys, y.stride(-2),
+            ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), **common,
+        )  # fmt: skip
+    else:
+        q4_k_int8_matvec_kernel[grid](
+            xq, xd, xs, y, b, *planes, n, k, stride_ys, y.stride(-2), *strides,
+            ROWS_AT_ONCE=cfg.rows_at_once, **common,
+        )  # fmt: skip

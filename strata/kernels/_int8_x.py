@@ -1,0 +1,63 @@
+"""x quantized to int8 for the dp4a matvecs, and dp4a itself (with its interpreter twin).
+
+`quantize_x_kernel` writes, per row and 32-element sub-block: dx = max|x| / 127, q = round(x / dx)
+in [-127, 127], the exact fp32 sum of x, and q packed four bytes to a word, eight words per sub-block:
+in the order of Q4_K's planar nibbles (PLANAR, see `_matvec_q4k_int8`) or in element order (word j
+holds elements 4j .. 4j + 3, byte b element 4j + b), which the byte-per-weight types read.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def quantize_x_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, NSB: tl.constexpr, PLANAR: tl.constexpr):
+    """Program (m, j) quantizes sub-blocks j * NSB .. of row m."""
+    m = tl.program_id(0)
+    s = tl.program_id(1) * NSB + tl.arange(0, NSB)
+    sv = s < K // 32
+    e = tl.arange(0, 32)
+    x = tl.load(x_ptr + m * stride_xm + s[:, None] * 32 + e[None, :], mask=sv[:, None], other=0)
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    # Correctly rounded divisions (the GPU's default fp32 `/` is approximate), so that the interpreter
+    # and the GPU round every x alike; no 1 / 0, even where unused.
+    inv = tl.where(
+        amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.maximum(amax, 1e-30)), 0.0
+    )
+    v = x * inv[:, None]
+    q = (v + tl.where(v >= 0, 0.5, -0.5)).to(tl.int32)  # round half away from zero
+    if PLANAR:  # element e = 8b + 4h + r goes to byte b of x word (h, r)
+        b = tl.reshape(q & 255, (NSB, 4, 8)) << (8 * tl.arange(0, 4))[None, :, None]
+        words = tl.sum(b, 1)  # (NSB, 8): word 4h + r; the shifted bytes do not overlap
+    else:  # element e = 4j + b goes to byte b of word j
+        words = tl.sum(tl.reshape(q & 255, (NSB, 8, 4)) << (8 * tl.arange(0, 4))[None, None, :], 2)
+    n_sub = K // 32
+    tl.store(xq_ptr + m * n_sub * 8 + s[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=sv[:, None])
+    tl.store(
+        xd_ptr + m * n_sub + s,
+        tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float32),
+        mask=sv,
+    )
+    tl.store(xs_ptr + m * n_sub + s, tl.sum(x, 1), mask=sv)
+
+
+@triton.jit
+def _dp4a(a, b, c, USE_ASM: tl.constexpr, SIGNED_A: tl.constexpr = False):
+    """c + sum over the four bytes of a (unsigned, or signed with SIGNED_A) times those of b (signed)."""
+    if USE_ASM and SIGNED_A:
+        out = tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1
+        )
+    elif USE_ASM:
+        out = tl.inline_asm_elementwise(
+            "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1
+        )
+    else:  # Triton's interpreter runs no PTX: the same integer arithmetic, byte by byte
+        out = c
+        for i in tl.static_range(4):
+            a_i = (a >> (8 * i)) & 255
+            if SIGNED_A:
+                a_i = (a_i ^ 128) - 128
+            out += a_i * ((((b >> (8 * i)) & 255) ^ 128) - 128)
+    return out
