@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 
@@ -62,3 +63,21 @@ def kernel_row_limits() -> tuple[int, int]:
             f"STRATA_DENSE_ROWS={dense}; unset them for 4 and 64"
         )
     return matvec, dense
+
+
+INT8_X_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
+
+
+def int8_x_types() -> frozenset[str]:
+    """STRATA_INT8_X: the quant types whose GPU matvecs quantize 16-bit activations to int8 and multiply
+    with dp4a, separated by "," or "+" (default "Q4_K": Q4_K's planar layout, measured faster; Q6_K,
+    Q8_0 and Q5_0 have such kernels too, not yet timed; "none" for exact fp32 products everywhere)."""
+    value = os.environ.get("STRATA_INT8_X", "Q4_K").strip()
+    names = frozenset(n.strip().upper() for n in re.split(r"[,+]", value) if n.strip()) - {"NONE"}
+    unknown = names - set(INT8_X_TYPES)
+    if unknown:
+        raise ValueError(
+            f"STRATA_INT8_X={value!r} names {', '.join(sorted(unknown))}; use some of "
+            f"{', '.join(INT8_X_TYPES)} (separated by commas or +), or none"
+        )
+    return names

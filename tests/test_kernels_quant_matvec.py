@@ -219,9 +219,10 @@ def test_q4_k_int8_x(m: int, dtype: torch.dtype, config: MatvecConfig | None):
     check_int8(m, 37, k_for(T.Q4_K, 5), dtype, config)
 
 
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("m,dtype,config", CASES, ids=lambda c: str(c)[:24])
-def test_q6_k_int8_x(m: int, dtype: torch.dtype, config: MatvecConfig | None):
-    check_int8(m, 37, k_for(T.Q6_K, 5), dtype, config, T.Q6_K)
+def test_opt_in_int8_x(m: int, dtype: torch.dtype, config: MatvecConfig | None, qtype: T):
+    check_int8(m, 37, k_for(qtype, 5 if qtype == T.Q6_K else 40), dtype, config, qtype)
 
 
 @cuda_only
@@ -232,10 +233,11 @@ def test_q4_k_int8_x_model_shapes_cuda(m: int, n: int, k: int):
 
 
 @cuda_only
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k", [(896, 4864), (3584, 18944), (151936, 896)])
-def test_q6_k_int8_x_model_shapes_cuda(m: int, n: int, k: int):
-    check_int8(m, n, k, torch.bfloat16, None, T.Q6_K)
+def test_opt_in_int8_x_model_shapes_cuda(m: int, n: int, k: int, qtype: T):
+    check_int8(m, n, k, torch.bfloat16, None, qtype)
 
 
 def rows_at_once_equals_row_by_row(m: int, n: int, k: int, split_k: int) -> None:
@@ -270,6 +272,23 @@ def test_rows_at_once_needs_the_int8_kernel():
         )
 
 
+def test_strata_int8_x_picks_the_types(monkeypatch):
+    n, k = 8, 512
+    raw = random_weight(T.Q6_K, n, k, seed=5).to(DEVICE)
+    x = torch.randn(2, k, device=DEVICE).bfloat16()
+    tile = MatvecConfig(16, 256)  # int8_x None: STRATA_INT8_X decides
+    exact = quant_matvec(x, raw, T.Q6_K, n, k, config=tile)
+    forced = quant_matvec(x, raw, T.Q6_K, n, k, config=replace(tile, int8_x=True))
+    assert not torch.equal(exact, forced)  # the two paths differ, so the checks below mean something
+    monkeypatch.setenv("STRATA_INT8_X", "q4_k+Q6_K")
+    assert torch.equal(quant_matvec(x, raw, T.Q6_K, n, k, config=tile), forced)
+    monkeypatch.setenv("STRATA_INT8_X", "none")
+    assert torch.equal(quant_matvec(x, raw, T.Q6_K, n, k, config=tile), exact)
+    monkeypatch.setenv("STRATA_INT8_X", "Q6_K,Q7_K")
+    with pytest.raises(ValueError, match="STRATA_INT8_X='Q6_K,Q7_K' names Q7_K"):
+        quant_matvec(x, raw, T.Q6_K, n, k, config=tile)
+
+
 def test_int8_x_is_the_default_for_16_bit_x_only(monkeypatch):
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
     n, k = 8, 256
@@ -288,8 +307,9 @@ def test_prefetch_and_int8_x_need_their_kernels():
     x = torch.randn(1, 64, device=DEVICE)
     with pytest.raises(ValueError, match="prefetch needs Q4_K.s planar layout"):
         quant_matvec(x, raw, T.Q8_0, 4, 64, config=MatvecConfig(prefetch=True))
-    with pytest.raises(ValueError, match="int8_x needs Q4_K.s planar layout .* or Q6_K, not Q8_0"):
-        quant_matvec(x, raw, T.Q8_0, 4, 64, config=MatvecConfig(int8_x=True))
+    raw = random_weight(T.Q4_0, 4, 64, seed=1).to(DEVICE)
+    with pytest.raises(ValueError, match="int8_x needs Q4_K.s planar layout .* or Q5_0, not Q4_0"):
+        quant_matvec(x, raw, T.Q4_0, 4, 64, config=MatvecConfig(int8_x=True))
 
 
 @pytest.mark.parametrize("layout", ["blocks", "planar"])

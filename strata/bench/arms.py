@@ -21,6 +21,7 @@ OPTIONS: dict[str, frozenset[str]] = {
             "q4k_layout",
             "matvec_rows",
             "dense_rows",
+            "int8_x",
             "tensor_parallel",
         }
     ),

@@ -15,9 +15,11 @@ import torch
 import triton
 from gguf.constants import GGMLQuantizationType
 
+from strata import env
 from strata.kernels._int8_x import quantize_x_kernel
 from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
 from strata.kernels._matvec_legacy import q4_0_matvec_kernel, q5_0_matvec_kernel, q8_0_matvec_kernel
+from strata.kernels._matvec_legacy_int8 import legacy_int8_matvec_kernel
 from strata.kernels._matvec_lowbit import (
     codebook,
     iq2_s_matvec_kernel,
@@ -49,6 +51,8 @@ _KERNELS = {
 # Q4_K's planar layout (quant_pack): its own kernel, in whole 32-element sub-blocks.
 _Q4_K_PLANAR = (q4_k_planar_matvec_kernel, 32)
 _CODEBOOK_TYPES = (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S)
+# Types with an int8-x (dp4a) kernel besides Q4_K's planar layout (untimed: off unless STRATA_INT8_X).
+_INT8_TYPES = (_T.Q6_K, _T.Q8_0, _T.Q5_0)
 MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 
 
@@ -56,11 +60,11 @@ MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 class MatvecConfig:
     """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k.
     `prefetch` (Q4_K's planar kernel only) issues each step's loads one step ahead. `int8_x` (Q4_K
-    planar and Q6_K) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the default)
-    does so on Q4_K planar for fp16 / bf16 x and keeps fp32 x exact (Q6_K: only when asked, until
-    timed). `rows_at_once` (Q4_K's int8 kernel only) computes all M rows of a step by broadcasting
-    instead of one after another: the same sums, bit for bit, with work linear in M (opt-in until
-    timed; Q6_K's int8 kernel always works so)."""
+    planar, Q6_K, Q8_0, Q5_0) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the
+    default) does so for fp16 / bf16 x of the types STRATA_INT8_X names (Q4_K planar unless set) and
+    keeps fp32 x exact. `rows_at_once` (Q4_K's int8 kernel only) computes all M rows of a step by
+    broadcasting instead of one after another: the same sums, bit for bit, with work linear in M
+    (opt-in until timed; the other int8 kernels always work so)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -193,13 +197,15 @@ def quant_matvec(
             f"MatvecConfig.prefetch needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar), "
             f"not {qtype.name} ({packed.layout})"
         )
-    if cfg.int8_x and not (planar or qtype == _T.Q6_K):
+    if cfg.int8_x and not (planar or qtype in _INT8_TYPES):
         raise ValueError(
-            f"MatvecConfig.int8_x needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar) or Q6_K, "
-            f"not {qtype.name} ({packed.layout})"
+            f"MatvecConfig.int8_x needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar), Q6_K, Q8_0 or "
+            f"Q5_0, not {qtype.name} ({packed.layout})"
         )
-    # Q4_K planar takes int8 x by default for 16-bit x; Q6_K's int8 kernel is opt-in until timed.
-    by_default = planar and x.dtype != torch.float32
+    # 16-bit x goes int8 for the types STRATA_INT8_X names (Q4_K, planar layout only, by default).
+    by_default = (
+        (planar or qtype in _INT8_TYPES) and x.dtype != torch.float32 and qtype.name in env.int8_x_types()
+    )
     int8_x = by_default if cfg.int8_x is None else cfg.int8_x
     if int8_x and cfg.prefetch:
         raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
@@ -255,8 +261,7 @@ def _int8_matvec(
 ) -> None:
     """x quantized to int8 per 32 elements (one launch), then the dp4a matvec into y."""
     m = x.shape[0]
-    q6_k = qtype == _T.Q6_K
-    xq, xd, xs = quantize_x(x, planar=not q6_k)
+    xq, xd, xs = quantize_x(x, planar=qtype == _T.Q4_K)
     common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps,
@@ -264,13 +269,21 @@ def _int8_matvec(
         USE_ASM=x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
     )  # fmt: skip
     b = y if bias is None else bias
-    if q6_k:
-        # ql and qh as int32 words (each row a whole number of words); scales and d as they are.
+    # The quant planes as int32 words (each row a whole number of words); scales and d as they are.
+    if qtype == _T.Q6_K:
         ql, qh, sc, d = planes
         ql, qh = ql.view(torch.int32), qh.view(torch.int32)
         q6_k_int8_matvec_kernel[grid](
             xq, xd, y, b, ql, qh, sc, d, n, k, stride_ys, y.stride(-2),
             ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), **common,
+        )  # fmt: skip
+    elif qtype in (_T.Q8_0, _T.Q5_0):
+        qs, *rest = planes
+        qs = qs.view(torch.int32)
+        qh, d = rest if qtype == _T.Q5_0 else (qs, rest[0])  # Q8_0 has no qh: any pointer will do
+        legacy_int8_matvec_kernel[grid](
+            xq, xd, y, b, qs, qh, d, n, k, stride_ys, y.stride(-2), qs.stride(0), qh.stride(0), d.stride(0),
+            QTYPE=int(qtype), **common,
         )  # fmt: skip
     else:
         q4_k_int8_matvec_kernel[grid](
