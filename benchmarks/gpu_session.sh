@@ -6,6 +6,8 @@
 #   4. benchmarks/gpu_matvec_graph.py: matvec tiles timed in graphs       (MATVEC_SWEEP=1 adds it)
 #   4b. Q4_K layouts on the 7B: `bench ab strata:q4k_layout=blocks strata:q4k_layout=planar`, decode
 #      b1, decode of 8 sequences, prefill 2,048, (asked for) 64 sequences (LAYOUT_AB=1 adds it; about 3 minutes)
+#   4c. int8 x for Q6_K, Q8_0, Q5_0 end to end: `bench ab strata strata:int8_x=...`, decode b1 on
+#      the 7B (Q4_K+Q6_K) and the 0.5B (all four types) (INT8_AB=1 adds it; about 2 minutes)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
 #      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py shows
 #      in which process states llama-cpp-python loads the model (the bench's llamacpp arm still
@@ -51,6 +53,16 @@ if [ -n "${LAYOUT_AB:-}" ]; then
         timeout 150 python3 -m strata.cli bench ab $pair --gate self --pairs 2 ${case#*:} --out /tmp/ab_layout \
             2>&1 | grep -E "tok_s|gate"
         cp /tmp/ab_layout/summary.json "$OUT/ab_layout_${case%%:*}.json"
+    done
+fi
+if [ -n "${INT8_AB:-}" ]; then
+    [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] || python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
+    for case in "7b:Q4_K+Q6_K" "0.5b:Q4_K+Q6_K+Q8_0+Q5_0"; do
+        echo "== int8 x ${case#*:} on the ${case%%:*}, decode b1"
+        timeout 150 python3 -m strata.cli bench ab strata "strata:int8_x=${case#*:}" --device cuda \
+            --model "/tmp/strata-synth/qwen2.5-${case%%:*}.gguf" --gate self --pairs 3 -p 512 -n 128 \
+            --out /tmp/ab_int8 2>&1 | grep -E "tok_s|gate"
+        cp /tmp/ab_int8/summary.json "$OUT/ab_int8_${case%%:*}.json"
     done
 fi
 if [ -n "${PEER:-}" ]; then
