@@ -61,3 +61,26 @@ def _dp4a(a, b, c, USE_ASM: tl.constexpr, SIGNED_A: tl.constexpr = False):
                 a_i = (a_i ^ 128) - 128
             out += a_i * ((((b >> (8 * i)) & 255) ^ 128) - 128)
     return out
+
+
+@triton.jit
+def _x_rows(xq_ptr, xd_ptr, sub, valid, n_sub, M: tl.constexpr, M_PAD: tl.constexpr):
+    """Every row's eight element-order words of sub-blocks `sub` (NS,), (M_PAD, NS, 8), and their
+    scales dx, (M_PAD, NS); zero where the row or the sub-block is not `valid`."""
+    mi = tl.arange(0, M_PAD)
+    ok = (mi < M)[:, None] & valid[None, :]
+    at = xq_ptr + mi[:, None, None] * n_sub * 8 + sub[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    x = tl.load(at, mask=ok[:, :, None], other=0)
+    dx = tl.load(xd_ptr + mi[:, None] * n_sub + sub[None, :], mask=ok, other=0)
+    return x, dx
+
+
+@triton.jit
+def _dot_rows(w, x, USE_ASM: tl.constexpr):
+    """Signed dp4a of weight words w (BLOCK_N, NS, 8) with every row's x words (M_PAD, NS, 8):
+    the (M_PAD, BLOCK_N, NS, 8) integer sums of four products each."""
+    shape = (x.shape[0], w.shape[0], w.shape[1], w.shape[2])
+    a = tl.broadcast_to(w[None, :, :, :], shape)
+    return _dp4a(
+        a, tl.broadcast_to(x[:, None, :, :], shape), tl.zeros(shape, tl.int32), USE_ASM, SIGNED_A=True
+    )

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
-from strata.kernels._int8_x import _dp4a
+from strata.kernels._int8_x import _dot_rows, _x_rows
 
 # The GGML ids of the two types, for the kernel's constexpr branch.
 Q5_0: tl.constexpr = tl.constexpr(6)
@@ -48,7 +48,6 @@ def legacy_int8_matvec_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)
     rc = rc1[:, None, None]
-    mi = tl.arange(0, M_PAD)
     j = tl.arange(0, 8)[None, None, :]
     n_blocks = K // 32
     lo, hi = split_range(n_blocks, NB, SPLIT_K)
@@ -62,18 +61,9 @@ def legacy_int8_matvec_kernel(
             w = tl.load(qs_ptr + rc * stride_qs + blk * 8 + j, mask=valid, other=0)  # (BLOCK_N, NB, 8)
         else:
             w = _q5_0_words(qs_ptr, qh_ptr, rc, blk, valid, stride_qs, stride_qh)
-        xv = (mi < M)[:, None] & bv[None, :]  # (M_PAD, NB)
-        x = tl.load(xq_ptr + mi[:, None, None] * n_blocks * 8 + blk * 8 + j, mask=xv[:, :, None], other=0)
-        shape = (M_PAD, BLOCK_N, NB, 8)
-        dot = _dp4a(
-            tl.broadcast_to(w[None, :, :, :], shape),
-            tl.broadcast_to(x[:, None, :, :], shape),
-            tl.zeros(shape, tl.int32),
-            USE_ASM,
-            SIGNED_A=True,
-        )
+        x, dx = _x_rows(xq_ptr, xd_ptr, blk1, bv, n_blocks, M, M_PAD)
+        dot = tl.sum(_dot_rows(w, x, USE_ASM), 3).to(tl.float32)  # (M_PAD, BLOCK_N, NB)
         d = tl.load(d_ptr + rc1[:, None] * stride_d + blk1[None, :], mask=bv[None, :], other=0).to(tl.float32)
-        xd = tl.load(xd_ptr + mi[:, None] * n_blocks + blk1[None, :], mask=xv, other=0)  # (M_PAD, NB)
-        part = d[None, :, :] * tl.sum(dot, 3).to(tl.float32) * xd[:, None, :]
+        part = d[None, :, :] * dot * dx[:, None, :]
         acc += tl.sum(part, 2)
     store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)

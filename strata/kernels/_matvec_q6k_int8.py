@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
-from strata.kernels._int8_x import _dp4a
+from strata.kernels._int8_x import _dot_rows, _x_rows
 
 
 @triton.jit
@@ -38,7 +38,6 @@ def q6_k_int8_matvec_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)
     rc = rc1[:, None, None]
-    mi = tl.arange(0, M_PAD)
     j = tl.arange(0, 8)[None, None, :]
     n_sub = K // 32
     lo, hi = split_range(K // 128, NH, SPLIT_K)
@@ -51,26 +50,14 @@ def q6_k_int8_matvec_kernel(
         qh = tl.load(qh_ptr + rc * stride_qh + g3 * 8 + j, mask=m3, other=0)  # (BLOCK_N, NH, 8)
         d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
         d = d.to(tl.float32)[:, :, None]
-        xv = (mi < M)[:, None] & gv[None, :]  # (M_PAD, NH)
         for s in tl.static_range(4):
             ql = tl.load(ql_ptr + rc * stride_ql + g3 * 16 + 8 * (s % 2) + j, mask=m3, other=0)
-            w = _weights_minus_32(ql, qh, s)
-            sub = 4 * g + s  # x's sub-block
-            x_at = xq_ptr + mi[:, None, None] * n_sub * 8 + sub[None, :, None] * 8 + j
-            x = tl.load(x_at, mask=xv[:, :, None], other=0)  # (M_PAD, NH, 8)
-            shape = (M_PAD, BLOCK_N, NH, 8)
-            dot = _dp4a(
-                tl.broadcast_to(w[None, :, :, :], shape),
-                tl.broadcast_to(x[:, None, :, :], shape),
-                tl.zeros(shape, tl.int32),
-                USE_ASM,
-                SIGNED_A=True,
-            )
+            x, dx = _x_rows(xq_ptr, xd_ptr, 4 * g + s, gv, n_sub, M, M_PAD)  # x's sub-block 4g + s
+            dot = _dot_rows(_weights_minus_32(ql, qh, s), x, USE_ASM)  # (M_PAD, BLOCK_N, NH, 8)
             dot16 = tl.sum(tl.reshape(dot, (M_PAD, BLOCK_N, NH, 2, 4)), 4)  # per 16 elements
             sc_at = sc_ptr + rc * stride_sc + g3 * 8 + 2 * s + tl.arange(0, 2)[None, None, :]
             sc = tl.load(sc_at, mask=m3, other=0)
             scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2): exact, as dequantize's d * sc
-            xd = tl.load(xd_ptr + mi[:, None] * n_sub + sub[None, :], mask=xv, other=0)  # (M_PAD, NH)
-            part = tl.sum(scale[None, :, :, :] * dot16.to(tl.float32), 3) * xd[:, None, :]
+            part = tl.sum(scale[None, :, :, :] * dot16.to(tl.float32), 3) * dx[:, None, :]
             acc += tl.sum(part, 2)
     store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
