@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
-from gguf.constants import GGMLQuantizationType
+import os
 
-import strata.kernels.dequant_packed as dequant_packed
-import strata.kernels.quant_matmul as quant_matmul
-import strata.kernels.quant_matvec as quant_matvec
-from strata import env
-from strata.layers.linear import QuantLinear
-from strata.layers.placement import Placement
+import torch
+
+if not torch.cuda.is_available():  # before any kernel module is imported (see test_kernels_quant_matvec)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from gguf.constants import GGMLQuantizationType  # noqa: E402
+
+import strata.kernels.dequant_packed as dequant_packed  # noqa: E402
+import strata.kernels.quant_matmul as quant_matmul  # noqa: E402
+import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
+from strata import env  # noqa: E402
+from strata.layers.linear import QuantLinear  # noqa: E402
+from strata.layers.placement import Placement  # noqa: E402
 
 T = GGMLQuantizationType
 
