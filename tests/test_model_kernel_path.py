@@ -77,6 +77,19 @@ def test_kernel_path_matches_reference_in_the_interpreter(
     assert greedy_ids(path, device, kernels=True, num_tokens=5, **options) == ref
 
 
+def test_batched_decode_through_the_fused_matmul(monkeypatch, tmp_path: Path) -> None:
+    # STRATA_MATVEC_ROWS=1: the decode steps' 2-3 rows take the tensor-core matmul (5-63 rows by
+    # default; the planar Q4_K matmul is checked in test_kernels_quant_matmul).
+    monkeypatch.setenv("STRATA_MATVEC_ROWS", "1")
+    spec = SynthSpec(
+        "qwen2", hidden_size=256, ffn_size=512, num_heads=4, num_kv_heads=2, head_dim=64, weight_type=T.Q8_0
+    )
+    path = write_synthetic(tmp_path / "m.gguf", spec)
+    ref = greedy_ids(path, "cpu", kernels=False, num_tokens=4)
+    options = {"cuda_graphs": False, "scheduler": SchedulerConfig(24)}
+    assert greedy_ids(path, "cuda" if CUDA else "cpu", kernels=True, num_tokens=4, **options) == ref
+
+
 # Each architecture's own pieces on the kernel path: llama's interleaved rotary, qwen3's QK-norm on
 # head views, gemma3's sandwich norms, GeGLU, tied head and sliding window (8 < the 30-token context).
 ARCH_SPECS = {
