@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -71,8 +72,13 @@ INT8_X_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
 def int8_x_types() -> frozenset[str]:
     """STRATA_INT8_X: the quant types whose GPU matvecs quantize 16-bit activations to int8 and multiply
     with dp4a, separated by "," or "+" (default "Q4_K": Q4_K's planar layout, measured faster; Q6_K,
-    Q8_0 and Q5_0 have such kernels too, not yet timed; "none" for exact fp32 products everywhere)."""
-    value = os.environ.get("STRATA_INT8_X", "Q4_K").strip()
+    Q8_0 and Q5_0 have such kernels too, not yet timed; "none" for exact fp32 products everywhere).
+    Read on every matvec call: the parse is cached per value."""
+    return _parse_int8_x(os.environ.get("STRATA_INT8_X", "Q4_K").strip())
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_int8_x(value: str) -> frozenset[str]:
     names = frozenset(n.strip().upper() for n in re.split(r"[,+]", value) if n.strip()) - {"NONE"}
     unknown = names - set(INT8_X_TYPES)
     if unknown:
