@@ -65,18 +65,21 @@ Config = MatvecConfig | MatmulConfig
 
 
 def configs(
-    qtype: GGMLQuantizationType, n: int, k: int, layout: str, tensor_core: bool, smoke: bool
+    qtype: GGMLQuantizationType, n: int, k: int, layout: str, tensor_core: bool, smoke: bool, int8_only: bool
 ) -> list[Config]:
     """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
     compiled once per type (N and K are run-time arguments); the planar Q4_K kernel also tries
     1,024-element steps, each config with fp32 x, with prefetch, with int8 x and with int8 x and all
-    rows of a step at once; Q6_K also with int8 x. Matmul (with
+    rows of a step at once; Q6_K, Q8_0 and Q5_0 also with int8 x (--int8-only: the int8 configs alone).
+    Matmul (with
     --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand orders, as
     a candidate for the decode of 16-bit x."""
     if smoke:
         int8 = MatvecConfig(8, 256, 2, int8_x=True)
         extra = [int8, replace(int8, rows_at_once=True)] if layout == "planar" else []
-        extra += [int8] if qtype == T.Q6_K else []
+        extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
+        if int8_only:
+            return extra
         return [
             MatvecConfig(16, 256, 1),
             MatvecConfig(8, 256, 2),
@@ -93,8 +96,11 @@ def configs(
         # The planar kernel: fp32 x, fp32 x with prefetch, x quantized to int8 (dp4a), the latter also
         # with all rows of a step at once (for --m > 1).
         variants = [(False, False, False), (True, False, False), (False, True, False), (False, True, True)]
-        if not planar:  # the block kernels; Q6_K also on int8 x
-            variants = [(False, None, False)] + ([(False, True, False)] if qtype == T.Q6_K else [])
+        if not planar:  # the block kernels; Q6_K, Q8_0 and Q5_0 also on int8 x
+            variants = [(False, None, False)]
+            variants += [(False, True, False)] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
+        if int8_only:
+            variants = [v for v in variants if v[1]]
         for split, (prefetch, int8, at_once) in itertools.product(
             sorted({1, auto_split_k(n, k, bn, bk)}), variants
         ):
@@ -157,6 +163,7 @@ def main() -> int:
     p.add_argument("--types", default="", help="only these quant types, e.g. Q4_K,Q6_K (default all)")
     p.add_argument("--layouts", default="blocks,planar", help="Q4_K packings to sweep")
     p.add_argument("--tensor-core", action="store_true", help="also time the tensor-core matmul")
+    p.add_argument("--int8-only", action="store_true", help="only the int8-x configs (and the default)")
     p.add_argument("--m", type=int, default=1, help="activation rows (1 = batch-1 decode)")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--smoke", action="store_true")
@@ -183,7 +190,7 @@ def main() -> int:
         x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T
         default = default_config(qtype, args.m, n, k)
-        candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke)
+        candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke, args.int8_only)
         results = []
         for cfg in [default, *[c for c in candidates if c != default]]:
             try:
