@@ -8,6 +8,8 @@
 #      b1, decode of 8 sequences, prefill 2,048, (asked for) 64 sequences (LAYOUT_AB=1 adds it; about 3 minutes)
 #   4c. int8 x for Q6_K, Q8_0, Q5_0 end to end: `bench ab strata strata:int8_x=...`, decode b1 on
 #      the 7B (Q4_K+Q6_K) and the 0.5B (all four types) (INT8_AB=1 adds it; about 2 minutes)
+#   4d. any `strata bench ab` pairs: AB_CASES="name:args;name:args" (MODEL7 and MODEL05 in the args
+#      stand for the synthetic 7B and 0.5B files; a strata@REV arm needs .git, which is checked first)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
 #      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py shows
 #      in which process states llama-cpp-python loads the model (the bench's llamacpp arm still
@@ -63,6 +65,17 @@ if [ -n "${INT8_AB:-}" ]; then
             --model "/tmp/strata-synth/qwen2.5-${case%%:*}.gguf" --gate self --pairs 3 -p 512 -n 128 \
             --out /tmp/ab_int8 2>&1 | grep -E "tok_s|gate"
         cp /tmp/ab_int8/summary.json "$OUT/ab_int8_${case%%:*}.json"
+    done
+fi
+if [ -n "${AB_CASES:-}" ]; then
+    [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] || python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
+    [ -d .git ] && echo "git: $(git log -1 --format=%h)" || echo "no .git here: strata@REV arms will fail"
+    IFS=';' read -ra cases <<<"$AB_CASES"
+    for case in "${cases[@]}"; do
+        args=${case#*:}; args=${args//MODEL7//tmp/strata-synth/qwen2.5-7b.gguf}; args=${args//MODEL05/$model}
+        echo "== ${case%%:*}: bench ab $args"
+        timeout 200 python3 -m strata.cli bench ab $args --device cuda --out /tmp/ab_case 2>&1 | grep -E "tok_s|gate|rror"
+        cp /tmp/ab_case/summary.json "$OUT/ab_${case%%:*}.json" 2>/dev/null
     done
 fi
 if [ -n "${PEER:-}" ]; then

@@ -366,6 +366,29 @@ def test_bias_is_added_once(monkeypatch, qtype: GGMLQuantizationType, layout: st
     assert ((y.cpu().double() - ref).abs() <= 1e-5 * bound).all()
 
 
+@pytest.mark.parametrize("qtype,int8_x", [(T.Q8_0, False), (T.Q6_K, True)], ids=["Q8_0", "Q6_K int8"])
+def test_split_k_counters_are_reset_for_the_next_launch(qtype: GGMLQuantizationType, int8_x: bool):
+    # The last split of each row tile sums the partials and zeroes its counter; a counter left behind
+    # would make a later launch finish a tile early (or never), from a partial sum.
+    from strata.kernels.quant_matvec import split_locks
+
+    n, k = 37, k_for(qtype, 4)
+    raw = random_weight(qtype, n, k, seed=5).to(DEVICE)
+    cfg = MatvecConfig(16, k // 4, 4, int8_x=int8_x)
+    ys = []
+    for seed in (1, 2, 1):
+        x = torch.randn(2, k, generator=torch.Generator().manual_seed(seed)).to(DEVICE, torch.bfloat16)
+        out = torch.full((2, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        ys.append(quant_matvec(x, raw, qtype, n, k, out=out, config=cfg))
+        assert not split_locks(x.device, 3).any()
+    unsplit = quant_matvec(x, raw, qtype, n, k, config=replace(cfg, split_k=1))
+    assert torch.equal(ys[0], ys[2]) and not torch.equal(ys[0], ys[1])
+    # Split order differs from one unsplit pass only in fp32 rounding, then one bf16 rounding.
+    torch.testing.assert_close(
+        ys[2].float(), unsplit.float(), rtol=2**-7, atol=1e-3 * unsplit.abs().max().item()
+    )
+
+
 @cuda_only
 @pytest.mark.parametrize("qtype", [*TYPES, "Q4_K planar"], ids=lambda t: getattr(t, "name", t))
 @pytest.mark.parametrize("m", [1, 4, 16])

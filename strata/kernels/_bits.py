@@ -46,6 +46,8 @@ def add_to_row3(acc, part, m: tl.constexpr, M_PAD: tl.constexpr):
 @triton.jit
 def store_rows(
     y_ptr,
+    out_ptr,
+    lock_ptr,
     acc,
     rows,
     N,
@@ -55,13 +57,37 @@ def store_rows(
     M_PAD: tl.constexpr,
     b_ptr,
     HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
-    """Write the (M_PAD, BLOCK_N) accumulator to y[split, m, rows] (the split stride is 0 without split-K),
-    plus the bias b[rows] when there is one: added by split 0 only, so the split sum adds it once, and
-    before the one rounding to y's dtype."""
+    """Write the (M_PAD, BLOCK_N) accumulator, plus the bias b[rows] when there is one, to out[m, rows]
+    (row stride stride_ym), rounding once to out's dtype.
+
+    Under split-K each split stores its fp32 partial to the workspace y[split, m, rows] (split stride
+    stride_ys, row stride stride_ym), and the last split of a row tile to finish (counted in
+    lock[row tile] by an atomic) sums the partials in split order, adds the bias, writes out and
+    resets its counter to 0 for the next launch: the reduction costs no launch of its own. The
+    barrier makes this program's partial stores precede its release (the atomic is one thread's);
+    the partials are read through L2 (.cg), where the other programs' stores landed."""
+    mi = tl.arange(0, M_PAD)
+    inside = (mi[:, None] < M) & (rows[None, :] < N)
     if HAS_BIAS:
         bias = tl.load(b_ptr + rows, mask=rows < N, other=0).to(tl.float32)
-        acc += tl.where(tl.program_id(1) == 0, bias, 0.0)[None, :]
-    mi = tl.arange(0, M_PAD)
-    ptrs = y_ptr + tl.program_id(1) * stride_ys + mi[:, None] * stride_ym + rows[None, :]
-    tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=(mi[:, None] < M) & (rows[None, :] < N))
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += bias[None, :]
+        tl.store(
+            out_ptr + mi[:, None] * stride_ym + rows[None, :], acc.to(out_ptr.dtype.element_ty), mask=inside
+        )
+    else:
+        at = mi[:, None] * stride_ym + rows[None, :]
+        tl.store(y_ptr + tl.program_id(1) * stride_ys + at, acc, mask=inside)
+        tl.debug_barrier()
+        tile = tl.program_id(0)
+        if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+            total = tl.zeros((M_PAD, rows.shape[0]), tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                total += tl.load(y_ptr + s * stride_ys + at, mask=inside, other=0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += bias[None, :]
+            tl.store(out_ptr + at, total.to(out_ptr.dtype.element_ty), mask=inside)
+            tl.store(lock_ptr + tile, 0)

@@ -27,7 +27,7 @@ def _q4_k_scale_min(w_ptr, hdr, j):
 
 @triton.jit
 def q4_k_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, w_ptr, w16_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, w_ptr, w16_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_w,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -75,12 +75,14 @@ def q4_k_matvec_kernel(
                 - m_hi * tl.sum(x_hi, 1)[None, :]
             )
             acc = add_to_row(acc, tl.sum(part, 1), m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )
 
 
 @triton.jit
 def q6_k_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_ql, stride_qh, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -128,4 +130,6 @@ def q6_k_matvec_kernel(
                 xv = tl.load(x_ptr + m * stride_xm + x_off, mask=gm[:, None, None], other=0).to(tl.float32)
                 part = tl.sum(tl.sum(tl.sum(w * xv[None, :, :, :], 3) * scale, 2), 1)
                 acc = add_to_row(acc, part, m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )

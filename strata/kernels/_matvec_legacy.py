@@ -15,7 +15,7 @@ from strata.kernels._bits import add_to_row, exact_float, split_range, store_row
 
 @triton.jit
 def q8_0_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, qs_ptr, d_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, d_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -44,12 +44,14 @@ def q8_0_matvec_kernel(
             xv = tl.load(x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :], mask=bm[:, None], other=0)
             part = tl.sum(tl.sum(w * xv.to(tl.float32)[None, :, :], 2) * d, 1)
             acc = add_to_row(acc, part, m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )
 
 
 @triton.jit
 def q5_0_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, d_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, qh_ptr, d_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -81,12 +83,14 @@ def q5_0_matvec_kernel(
             x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
             part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
             acc = add_to_row(acc, part, m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )
 
 
 @triton.jit
 def q4_0_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, qs_ptr, d_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, d_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -116,4 +120,6 @@ def q4_0_matvec_kernel(
             x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
             part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
             acc = add_to_row(acc, part, m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )

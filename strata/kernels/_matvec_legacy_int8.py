@@ -36,7 +36,7 @@ def _q5_0_words(qs_ptr, qh_ptr, rc, blk, valid, stride_qs, stride_qh):
 
 @triton.jit
 def legacy_int8_matvec_kernel(
-    xq_ptr, xd_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, d_ptr,
+    xq_ptr, xd_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, qh_ptr, d_ptr,
     N, K,
     stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     QTYPE: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -66,4 +66,6 @@ def legacy_int8_matvec_kernel(
         d = tl.load(d_ptr + rc1[:, None] * stride_d + blk1[None, :], mask=bv[None, :], other=0).to(tl.float32)
         part = d[None, :, :] * dot * dx[:, None, :]
         acc += tl.sum(part, 2)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )

@@ -51,7 +51,7 @@ def codebook(qtype: GGMLQuantizationType, device: torch.device) -> torch.Tensor:
 
 @triton.jit
 def q2_k_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, w_ptr, dm_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, w_ptr, dm_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_w, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -90,12 +90,14 @@ def q2_k_matvec_kernel(
                 xv = tl.load(x_ptr + m * stride_xm + x_off, mask=gm[:, None, None], other=0).to(tl.float32)
                 part = dl * tl.sum(w * xv[None, :, :, :], 3) - ml * tl.sum(xv, 2)[None, :, :]
                 acc = add_to_row(acc, tl.sum(tl.sum(part, 2), 1), m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )
 
 
 @triton.jit
 def iq4_xs_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, qs_ptr, sc_ptr, d_ptr, kv_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, sc_ptr, d_ptr, kv_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -135,7 +137,9 @@ def iq4_xs_matvec_kernel(
             x_hi = tl.load(x_at + 16, mask=tm[:, None], other=0).to(tl.float32)[None, :, :]
             part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * dl, 1)
             acc = add_to_row(acc, part, m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )
 
 
 @triton.jit
@@ -154,7 +158,7 @@ def grid_value(grid_ptr, index, pattern, e):
 
 @triton.jit
 def iq2_xs_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, qs_ptr, sc_ptr, d_ptr, tab_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, sc_ptr, d_ptr, tab_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -184,12 +188,14 @@ def iq2_xs_matvec_kernel(
             x_at = x_ptr + m * stride_xm + g[:, None] * 8 + ie[None, :]
             xv = tl.load(x_at, mask=g[:, None] < hi, other=0).to(tl.float32)
             acc = add_to_row(acc, tl.sum(db * tl.sum(w * xv[None, :, :], 2), 1), m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )
 
 
 @triton.jit
 def iq2_s_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, w_ptr, d_ptr, grid_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, w_ptr, d_ptr, grid_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_w, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -225,4 +231,6 @@ def iq2_s_matvec_kernel(
             x_at = x_ptr + m * stride_xm + g[:, None] * 8 + ie[None, :]
             xv = tl.load(x_at, mask=g[:, None] < hi, other=0).to(tl.float32)
             acc = add_to_row(acc, tl.sum(db * tl.sum(w * xv[None, :, :], 2), 1), m, M_PAD)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )

@@ -23,7 +23,7 @@ from strata.kernels._matvec_q4k_planar import _loads
 
 @triton.jit
 def q4_k_int8_matvec_kernel(
-    xq_ptr, xd_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, sc_ptr, mn_ptr, dm_ptr,
+    xq_ptr, xd_ptr, xs_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, sc_ptr, mn_ptr, dm_ptr,
     N, K,
     stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -52,7 +52,21 @@ def q4_k_int8_matvec_kernel(
             acc = _row_by_row(
                 acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM
             )
-    store_rows(y_ptr, tl.sum(acc, 2), rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr,
+        out_ptr,
+        lock_ptr,
+        tl.sum(acc, 2),
+        rows,
+        N,
+        stride_ys,
+        stride_ym,
+        M,
+        M_PAD,
+        b_ptr,
+        HAS_BIAS,
+        SPLIT_K,
+    )
 
 
 @triton.jit

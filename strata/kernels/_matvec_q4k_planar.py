@@ -58,7 +58,7 @@ def _step(acc, x_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M: tl.constexpr,
 
 @triton.jit
 def q4_k_planar_matvec_kernel(
-    x_ptr, y_ptr, b_ptr, qs_ptr, sc_ptr, mn_ptr, dm_ptr,
+    x_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, sc_ptr, mn_ptr, dm_ptr,
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -88,4 +88,18 @@ def q4_k_planar_matvec_kernel(
             sv = s < hi
             words, sc, mn, d, dmin = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides)
             acc = _step(acc, x_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD)
-    store_rows(y_ptr, tl.sum(acc, 2), rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr,
+        out_ptr,
+        lock_ptr,
+        tl.sum(acc, 2),
+        rows,
+        N,
+        stride_ys,
+        stride_ym,
+        M,
+        M_PAD,
+        b_ptr,
+        HAS_BIAS,
+        SPLIT_K,
+    )

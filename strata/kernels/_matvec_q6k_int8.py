@@ -27,7 +27,7 @@ def _weights_minus_32(ql, qh, s: tl.constexpr):
 
 @triton.jit
 def q6_k_int8_matvec_kernel(
-    xq_ptr, xd_ptr, y_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
+    xq_ptr, xd_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
     N, K,
     stride_ys, stride_ym, stride_ql, stride_qh, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -60,4 +60,6 @@ def q6_k_int8_matvec_kernel(
             scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2): exact, as dequantize's d * sc
             part = tl.sum(scale[None, :, :, :] * dot16.to(tl.float32), 3) * dx[:, None, :]
             acc += tl.sum(part, 2)
-    store_rows(y_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS)
+    store_rows(
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
+    )

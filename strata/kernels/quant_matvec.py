@@ -212,22 +212,41 @@ def quant_matvec(
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
     extra = {"PREFETCH": cfg.prefetch} if planar else {}
-    # Split-K partials go to an fp32 workspace summed afterwards: deterministic, unlike atomics.
-    y = out if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
-    stride_ys = 0 if cfg.split_k == 1 else y.stride(0)
-    tensors, strides = _kernel_args(packed)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
+    # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
+    ws = (
+        out
+        if cfg.split_k == 1
+        else torch.empty(cfg.split_k, m, out.stride(0), dtype=torch.float32, device=x.device)
+    )
+    stride_ys = 0 if cfg.split_k == 1 else ws.stride(0)
+    dest = (ws, out, split_locks(x.device, grid[0]), out if bias is None else bias)
+    tensors, strides = _kernel_args(packed)
     if int8_x:
-        _int8_matvec(qtype, x, y, bias, tensors, strides, grid, n, k, stride_ys, cfg)
+        _int8_matvec(
+            qtype, x, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, out.stride(0), cfg
+        )
     else:
         kernel[grid](
-            x, y, y if bias is None else bias, *tensors, n, k, x.stride(0), stride_ys, y.stride(-2), *strides,
+            x, *dest, *tensors, n, k, x.stride(0), stride_ys, out.stride(0), *strides,
             M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps, **extra,
         )  # fmt: skip
-    if cfg.split_k > 1:
-        out.copy_(y.sum(0))
     return out
+
+
+_LOCKS: dict[torch.device, torch.Tensor] = {}
+
+
+def split_locks(device: torch.device, tiles: int) -> torch.Tensor:
+    """The device's split-K counters, one per row tile, all zero between launches (each launch's last
+    split resets its own). One set serves every launch: launches on a stream run one after another.
+    Made before a CUDA graph is captured (the warm-up runs first), so a graph holds no copy of its own."""
+    locks = _LOCKS.get(device)
+    if locks is None or locks.numel() < tiles:
+        locks = _LOCKS[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    return locks
 
 
 def quantize_x(x: torch.Tensor, planar: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -249,32 +268,33 @@ def quantize_x(x: torch.Tensor, planar: bool = True) -> tuple[torch.Tensor, torc
 def _int8_matvec(
     qtype: GGMLQuantizationType,
     x: torch.Tensor,
-    y: torch.Tensor,
-    bias: torch.Tensor | None,
+    dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    has_bias: bool,
     planes: list[torch.Tensor],
     strides: list[int],
     grid: tuple[int, int],
     n: int,
     k: int,
     stride_ys: int,
+    stride_ym: int,
     cfg: MatvecConfig,
 ) -> None:
-    """x quantized to int8 per 32 elements (one launch), then the dp4a matvec into y."""
+    """x quantized to int8 per 32 elements (one launch), then the dp4a matvec; `dest` is the kernels'
+    (workspace, out, split locks, bias) arguments."""
     m = x.shape[0]
     xq, xd, xs = quantize_x(x, planar=qtype == _T.Q4_K)
     common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps,
+        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, num_warps=cfg.num_warps,
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
         USE_ASM=x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
     )  # fmt: skip
-    b = y if bias is None else bias
     # The quant planes as int32 words (each row a whole number of words); scales and d as they are.
     if qtype == _T.Q6_K:
         ql, qh, sc, d = planes
         ql, qh = ql.view(torch.int32), qh.view(torch.int32)
         q6_k_int8_matvec_kernel[grid](
-            xq, xd, y, b, ql, qh, sc, d, n, k, stride_ys, y.stride(-2),
+            xq, xd, *dest, ql, qh, sc, d, n, k, stride_ys, stride_ym,
             ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), **common,
         )  # fmt: skip
     elif qtype in (_T.Q8_0, _T.Q5_0):
@@ -282,11 +302,11 @@ def _int8_matvec(
         qs = qs.view(torch.int32)
         qh, d = rest if qtype == _T.Q5_0 else (qs, rest[0])  # Q8_0 has no qh: any pointer will do
         legacy_int8_matvec_kernel[grid](
-            xq, xd, y, b, qs, qh, d, n, k, stride_ys, y.stride(-2), qs.stride(0), qh.stride(0), d.stride(0),
+            xq, xd, *dest, qs, qh, d, n, k, stride_ys, stride_ym, qs.stride(0), qh.stride(0), d.stride(0),
             QTYPE=int(qtype), **common,
         )  # fmt: skip
     else:
         q4_k_int8_matvec_kernel[grid](
-            xq, xd, xs, y, b, *planes, n, k, stride_ys, y.stride(-2), *strides,
+            xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
             ROWS_AT_ONCE=cfg.rows_at_once, **common,
         )  # fmt: skip
