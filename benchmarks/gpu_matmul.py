@@ -66,6 +66,8 @@ class Env:
     small: bool
     gen: torch.Generator
     failures: list[str]
+    batches: tuple[int, ...] = BATCHES
+    wide: bool = False
 
 
 @dataclass
@@ -80,10 +82,21 @@ class Row:
     flops: float
 
 
-def configs(qtype: GGMLQuantizationType, m: int, n: int, k: int) -> list[MatmulConfig]:
-    """The default and the alternatives it was chosen from."""
+def configs(qtype: GGMLQuantizationType, m: int, n: int, k: int, wide: bool = False) -> list[MatmulConfig]:
+    """The default and the alternatives it was chosen from; `wide` (for M <= 64) adds a grid of W tile
+    widths, K steps and warps in both operand orders."""
     base = default_config(qtype, m, n, k)
-    if m <= 64:
+    if m <= 64 and wide:
+        bm = base.block_m
+        alts = [
+            MatmulConfig(bm, bn, bk, warps, 3, swap_ab=swap)
+            for swap in (False, True)
+            for bn in (16, 32, 64, 128)
+            for bk in (64, 128, 256)
+            for warps in (4, 8)
+            if bn * bk <= 16384 and not (warps == 8 and bn * bk < 4096)
+        ]
+    elif m <= 64:
         bm = base.block_m
         alts = [
             MatmulConfig(bm, 64, 128),
@@ -135,7 +148,7 @@ def run_case(name: str, n: int, k: int, qtype: GGMLQuantizationType, env: Env) -
         w16 = dequantize(raw.cpu(), qtype, (n, k)).to(torch.bfloat16).to(device)
     case = f"{name} {qtype.name} {n}x{k}"
     rows = []
-    for m in SMALL_BATCHES if env.small else BATCHES:
+    for m in SMALL_BATCHES if env.small else env.batches:
         x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.float() @ w16.float().T
         ref_max = ref.abs().max().item()
@@ -145,7 +158,7 @@ def run_case(name: str, n: int, k: int, qtype: GGMLQuantizationType, env: Env) -
         if m <= 16:
             matvec_us = bench_us(partial(quant_matvec, x, packed, qtype, n, k), env.small)
         best: Row | None = None
-        for cfg in configs(qtype, m, n, k):
+        for cfg in configs(qtype, m, n, k, env.wide):
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
             quant_matmul(x, packed, out=out, config=cfg)
             rel = (
@@ -191,6 +204,10 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--small", action="store_true", help="tiny shapes in the interpreter on the CPU")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="values of M, e.g. 8,16,64")
+    parser.add_argument("--shapes", default="", help="only weights whose name contains one of these, e.g. 7b")
+    parser.add_argument("--types", default="", help="only these quant types, e.g. Q4_K")
+    parser.add_argument("--wide", action="store_true", help="sweep many more tiles for M <= 64")
     args = parser.parse_args()
     if not args.small and not torch.cuda.is_available():
         parser.error("no CUDA device; use --small to check the script on the CPU")
@@ -199,12 +216,17 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)"
     print(f"device {gpu}, {sms} SMs; torch {torch.__version__}, triton {triton.__version__}")
-    env = Env(device, args.small, torch.Generator(device=device).manual_seed(0), [])
+    batches = tuple(int(b) for b in args.batches.split(","))
+    env = Env(device, args.small, torch.Generator(device=device).manual_seed(0), [], batches, args.wide)
+    names, types = list(filter(None, args.shapes.split(","))), set(filter(None, args.types.split(",")))
     start = time.perf_counter()
     rows: list[Row] = []
     for name, n, k, qtypes in SMALL_SHAPES if env.small else SHAPES:
+        if names and not any(part in name for part in names):
+            continue
         for qtype in qtypes:
-            rows += run_case(name, n, k, qtype, env)
+            if not types or qtype.name in types:
+                rows += run_case(name, n, k, qtype, env)
     print(f"total {time.perf_counter() - start:.0f} s\n")
     print("\n".join(table(rows)))
     failures = env.failures

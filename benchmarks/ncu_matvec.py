@@ -5,6 +5,8 @@
         [--layout planar] [--config 16,512,1,4,0]
 
 The config is block_n,block_k,split_k,num_warps,prefetch (default: the launcher's own choice).
+`--m` sets the activation rows; `--matmul` launches the fused tensor-core matmul instead (its default
+tile for that M; `-k regex:matmul`).
 Reading the counters answers what the in-graph sweep cannot: achieved occupancy, DRAM throughput
 and why warps stall (memory latency against instruction issue).
 """
@@ -16,6 +18,7 @@ import argparse
 import torch
 from gguf.constants import GGMLQuantizationType
 
+from strata.kernels.quant_matmul import quant_matmul
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec
 from strata.kernels.quant_pack import pack_quant_weight
 
@@ -28,6 +31,8 @@ def main() -> None:
     p.add_argument("--layout", default="blocks")
     p.add_argument("--config", default="")
     p.add_argument("--launches", type=int, default=4)
+    p.add_argument("--m", type=int, default=1)
+    p.add_argument("--matmul", action="store_true")
     args = p.parse_args()
     qtype = GGMLQuantizationType[args.qtype]
     from gpu_kernels import random_weight  # benchmarks/ is the script's folder, first on sys.path
@@ -39,11 +44,15 @@ def main() -> None:
     if args.config:
         bn, bk, split, warps, prefetch = (int(v) for v in args.config.split(","))
         cfg = MatvecConfig(bn, bk, split, warps, bool(prefetch))
-    x = torch.randn(1, args.k, device="cuda", generator=gen).to(torch.bfloat16)
+    x = torch.randn(args.m, args.k, device="cuda", generator=gen).to(torch.bfloat16)
     for _ in range(args.launches):
-        quant_matvec(x, w, qtype, args.n, args.k, config=cfg)
+        if args.matmul:
+            quant_matmul(x, w)
+        else:
+            quant_matvec(x, w, qtype, args.n, args.k, config=cfg)
     torch.cuda.synchronize()
-    print(f"{args.qtype} {args.layout} ({args.n}, {args.k}) {cfg}: {w.nbytes / 1e6:.1f} MB")
+    what = "matmul" if args.matmul else cfg
+    print(f"{args.qtype} {args.layout} ({args.n}, {args.k}) M={args.m} {what}: {w.nbytes / 1e6:.1f} MB")
 
 
 if __name__ == "__main__":
