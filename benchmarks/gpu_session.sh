@@ -10,6 +10,8 @@
 #      the 7B (Q4_K+Q6_K) and the 0.5B (all four types) (INT8_AB=1 adds it; about 2 minutes)
 #   4d. any `strata bench ab` pairs: AB_CASES="name:args;name:args" (MODEL7 and MODEL05 in the args
 #      stand for the synthetic 7B and 0.5B files; a strata@REV arm needs .git, which is checked first)
+#   4e. Nsight Compute on single kernels: NCU_CASES="ncu_matvec.py args;..." (speed of light, occupancy,
+#      warp stalls; full reports in $OUT/ncu.txt)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
 #      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py shows
 #      in which process states llama-cpp-python loads the model (the bench's llamacpp arm still
@@ -76,6 +78,17 @@ if [ -n "${AB_CASES:-}" ]; then
         echo "== ${case%%:*}: bench ab $args"
         timeout 200 python3 -m strata.cli bench ab $args --device cuda --out /tmp/ab_case 2>&1 | grep -E "tok_s|gate|rror"
         cp /tmp/ab_case/summary.json "$OUT/ab_${case%%:*}.json" 2>/dev/null
+    done
+fi
+if [ -n "${NCU_CASES:-}" ]; then
+    IFS=';' read -ra cases <<<"$NCU_CASES"
+    for case in "${cases[@]}"; do
+        echo "== ncu: $case" | tee -a "$OUT/ncu.txt"
+        timeout 120 ncu --clock-control none -k regex:'matvec|matmul' --launch-skip 3 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+            --section MemoryWorkloadAnalysis python3 benchmarks/ncu_matvec.py $case >>"$OUT/ncu.txt" 2>&1
+        grep -E "^  [a-z_0-9]+|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occ|Theoretical Occ|Stall" \
+            "$OUT/ncu.txt" | tail -n +1 | grep -v "^==" | tail -14
     done
 fi
 if [ -n "${PEER:-}" ]; then
