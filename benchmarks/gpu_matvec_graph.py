@@ -65,7 +65,14 @@ Config = MatvecConfig | MatmulConfig
 
 
 def configs(
-    qtype: GGMLQuantizationType, n: int, k: int, layout: str, tensor_core: bool, smoke: bool, int8_only: bool
+    qtype: GGMLQuantizationType,
+    n: int,
+    k: int,
+    layout: str,
+    tensor_core: bool,
+    smoke: bool,
+    int8_only: bool,
+    m: int = 1,
 ) -> list[Config]:
     """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
     compiled once per type (N and K are run-time arguments); the planar Q4_K kernel also tries
@@ -88,7 +95,7 @@ def configs(
         ]
     planar = layout == "planar"
     unit = 32 if planar else 128 if qtype == T.Q6_K else 64 if qtype == T.Q4_K else 32
-    steps = (256, 512, 1024) if planar else (256, 512)
+    steps = (256, 512, 1024, 2048) if planar else (256, 512, 1024)
     out: list[Config] = []
     for bn, bk, warps in itertools.product((8, 16, 32, 64), steps, (4, 8)):
         if bk % unit or bn * bk > (32768 if planar else 16384):
@@ -101,6 +108,8 @@ def configs(
             variants += [(False, True, False)] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         if int8_only:
             variants = [v for v in variants if v[1]]
+        if m == 1:  # all rows at once is the same work for one row
+            variants = [v for v in variants if not v[2]]
         for split, (prefetch, int8, at_once) in itertools.product(
             sorted({1, auto_split_k(n, k, bn, bk)}), variants
         ):
@@ -190,7 +199,7 @@ def main() -> int:
         x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T
         default = default_config(qtype, args.m, n, k)
-        candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke, args.int8_only)
+        candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke, args.int8_only, args.m)
         results = []
         for cfg in [default, *[c for c in candidates if c != default]]:
             try:
