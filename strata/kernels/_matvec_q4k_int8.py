@@ -52,20 +52,9 @@ def q4_k_int8_matvec_kernel(
             acc = _row_by_row(
                 acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM
             )
+    acc = tl.sum(acc, 2)
     store_rows(
-        y_ptr,
-        out_ptr,
-        lock_ptr,
-        tl.sum(acc, 2),
-        rows,
-        N,
-        stride_ys,
-        stride_ym,
-        M,
-        M_PAD,
-        b_ptr,
-        HAS_BIAS,
-        SPLIT_K,
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )
 
 

@@ -88,18 +88,7 @@ def q4_k_planar_matvec_kernel(
             sv = s < hi
             words, sc, mn, d, dmin = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides)
             acc = _step(acc, x_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD)
+    acc = tl.sum(acc, 2)
     store_rows(
-        y_ptr,
-        out_ptr,
-        lock_ptr,
-        tl.sum(acc, 2),
-        rows,
-        N,
-        stride_ys,
-        stride_ym,
-        M,
-        M_PAD,
-        b_ptr,
-        HAS_BIAS,
-        SPLIT_K,
+        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )
