@@ -84,7 +84,7 @@ def store_rows(
         tl.debug_barrier()
         tile = tl.program_id(0)
         if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
-            total = tl.zeros((M_PAD, rows.shape[0]), tl.float32)
+            total = tl.zeros_like(acc)
             for s in tl.static_range(SPLIT_K):
                 total += tl.load(y_ptr + s * stride_ys + at, mask=inside, other=0, cache_modifier=".cg")
             if HAS_BIAS:

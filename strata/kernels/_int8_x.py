@@ -79,8 +79,7 @@ def _x_rows(xq_ptr, xd_ptr, sub, valid, n_sub, M: tl.constexpr, M_PAD: tl.conste
 def _dot_rows(w, x, USE_ASM: tl.constexpr):
     """Signed dp4a of weight words w (BLOCK_N, NS, 8) with every row's x words (M_PAD, NS, 8):
     the (M_PAD, BLOCK_N, NS, 8) integer sums of four products each."""
-    shape = (x.shape[0], w.shape[0], w.shape[1], w.shape[2])
-    a = tl.broadcast_to(w[None, :, :, :], shape)
-    return _dp4a(
-        a, tl.broadcast_to(x[:, None, :, :], shape), tl.zeros(shape, tl.int32), USE_ASM, SIGNED_A=True
-    )
+    # tl.broadcast, not broadcast_to with a shape tuple: a tuple built from .shape inside a nested jit
+    # function reaches the compiler as tensors (Triton 3.6 rejects it; the interpreter does not).
+    a, b = tl.broadcast(w[None, :, :, :], x[:, None, :, :])
+    return _dp4a(a, b, tl.zeros_like(a), USE_ASM, SIGNED_A=True)

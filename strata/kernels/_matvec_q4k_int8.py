@@ -86,11 +86,15 @@ def _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M: t
     valid = (mi < M)[:, None] & sv[None, :]  # (M_PAD, NS)
     xq_at = xq_ptr + mi[:, None, None] * n_sub * 8 + s[None, :, None] * 8
     xq_at += tl.arange(0, 4)[None, None, :]
-    shape = (M_PAD, w_lo.shape[0], w_lo.shape[1], 4)
-    x_lo = tl.broadcast_to(tl.load(xq_at, mask=valid[:, :, None], other=0)[:, None, :, :], shape)
-    x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=valid[:, :, None], other=0)[:, None, :, :], shape)
-    dot = _dp4a(tl.broadcast_to(w_lo[None, :, :, :], shape), x_lo, tl.zeros(shape, tl.int32), USE_ASM)
-    dot = _dp4a(tl.broadcast_to(w_hi[None, :, :, :], shape), x_hi, dot, USE_ASM)
+    # Broadcast by tl.broadcast: a shape tuple built from .shape here reaches the compiler as tensors.
+    w_lo4, x_lo = tl.broadcast(
+        w_lo[None, :, :, :], tl.load(xq_at, mask=valid[:, :, None], other=0)[:, None, :, :]
+    )
+    w_hi4, x_hi = tl.broadcast(
+        w_hi[None, :, :, :], tl.load(xq_at + 4, mask=valid[:, :, None], other=0)[:, None, :, :]
+    )
+    dot = _dp4a(w_lo4, x_lo, tl.zeros_like(w_lo4), USE_ASM)
+    dot = _dp4a(w_hi4, x_hi, dot, USE_ASM)
     xd = tl.load(xd_ptr + mi[:, None] * n_sub + s[None, :], mask=valid, other=0)
     xs = tl.load(xs_ptr + mi[:, None] * n_sub + s[None, :], mask=valid, other=0)
     dots = tl.sum(dot, 3).to(tl.float32)
