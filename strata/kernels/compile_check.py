@@ -1,0 +1,101 @@
+"""Compile the Triton kernels for a GPU target without a GPU: `python -m strata.kernels.compile_check`.
+
+Triton's interpreter (how the kernels run on a CPU, and in CI) accepts some programs its compiler
+rejects, e.g. a shape tuple built from `.shape` inside a nested jit function, which reached the H200
+as a compile error after passing every interpreter test. This runs the compiler's front end and
+ptxas (shipped with Triton) for sm_90 on each kernel at representative constexprs, so such errors
+show on any machine. Needs TRITON_INTERPRET unset (the jit functions must be compiled ones); prints
+one line per kernel variant and exits 1 if any fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+# Pointer element types by argument name; kernels override where theirs differ.
+POINTERS = {
+    "x_ptr": "*bf16", "xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "y_ptr": "*fp32",
+    "out_ptr": "*bf16", "lock_ptr": "*i32", "b_ptr": "*bf16", "d_ptr": "*fp16", "dm_ptr": "*fp16",
+    "sc_ptr": "*u8", "mn_ptr": "*u8",
+}  # fmt: skip
+
+
+def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
+    from strata.kernels._int8_x import quantize_x_kernel
+    from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
+    from strata.kernels._matvec_legacy import q5_0_matvec_kernel, q8_0_matvec_kernel
+    from strata.kernels._matvec_legacy_int8 import legacy_int8_matvec_kernel
+    from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
+    from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
+    from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
+
+    out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
+    for planar in (False, True):
+        out.append((f"quantize_x planar={planar}", quantize_x_kernel, {"NSB": 32, "PLANAR": planar}, {}))
+    for m, m_pad, split in ((1, 1, 1), (3, 4, 2)):
+        tile = dict(
+            M=m, M_PAD=m_pad, BLOCK_N=16, BLOCK_K=512, SPLIT_K=split, HAS_BIAS=split > 1, USE_ASM=True
+        )
+        name = f"M={m} split={split}"
+        for qtype in (6, 8):
+            out.append(
+                (f"legacy int8 {qtype} {name}", legacy_int8_matvec_kernel, dict(tile, QTYPE=qtype), {})
+            )
+        out.append((f"Q6_K int8 {name}", q6_k_int8_matvec_kernel, tile, {"sc_ptr": "*i8"}))
+        for at_once in (False, True):
+            kernel = q4_k_int8_matvec_kernel
+            out.append(
+                (f"Q4_K int8 {name} rows_at_once={at_once}", kernel, dict(tile, ROWS_AT_ONCE=at_once), {})
+            )
+    # The fp32-x matvecs, split (their shared store_rows) and not.
+    u8 = {n: "*u8" for n in ("w_ptr", "ql_ptr", "qh_ptr", "qs_ptr")}
+    for split in (1, 2):
+        tile = dict(M=3, M_PAD=4, BLOCK_N=16, BLOCK_K=512, SPLIT_K=split, HAS_BIAS=True)
+        for kernel, pointers in (
+            (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
+            (q5_0_matvec_kernel, {**u8, "qh_ptr": "*i32"}),
+            (q4_k_matvec_kernel, {**u8, "w16_ptr": "*fp16"}),
+            (q6_k_matvec_kernel, {**u8, "sc_ptr": "*i8"}),
+        ):
+            out.append((f"{kernel.__name__} split={split}", kernel, tile, pointers))
+        planar = q4_k_planar_matvec_kernel
+        out.append((f"Q4_K planar split={split}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
+    return out
+
+
+def compile_for_sm90(fn: Any, constexprs: dict[str, Any], pointers: dict[str, str]) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    types = {**POINTERS, **pointers}
+    signature = {
+        n: "constexpr" if n in constexprs else types.get(n, "*i32") if n.endswith("_ptr") else "i32"
+        for n in names
+    }
+    src = ASTSource(fn, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the interpreter's jit functions cannot be compiled", file=sys.stderr)
+        return 2
+    failed = 0
+    for name, fn, constexprs, pointers in variants():
+        try:
+            compile_for_sm90(fn, constexprs, pointers)
+            print(f"ok {name}", flush=True)
+        except Exception as e:  # noqa: BLE001 - each failure is reported, then the next variant runs
+            failed += 1
+            print(f"FAILED {name}: {type(e).__name__}: {str(e)[-600:]}", flush=True)
+            traceback.print_exc(limit=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
