@@ -91,7 +91,9 @@ def auto_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int = 132)
     return max(1, min(8, triton.cdiv(2 * num_sms, programs), k // (2 * block_k)))
 
 
-def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int, num_sms: int = 132) -> MatvecConfig:
+def default_config(
+    qtype: GGMLQuantizationType, m: int, n: int, k: int, num_sms: int = 132, planar_int8: bool = False
+) -> MatvecConfig:
     """The tile for one call: for M = 1, the best of benchmarks/gpu_matvec_graph.py's sweep on an H200
     (2026-12-03, inside CUDA graphs, the 0.5B and 7B decode shapes; benchmarks/notes/gpu_engine.md).
 
@@ -101,6 +103,11 @@ def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int, num_sms:
     K (the 0.5B's 896) runs best with 8 warps. Wider batches keep the first guess, untuned: shorter
     steps so that M per-row partial products fit in registers. K is split by `auto_split_k`.
     """
+    if m == 1 and planar_int8 and 2048 <= n < 16384:
+        # Q4_K planar on int8 x (gpu_matvec_graph.py --int8-only, 2026-12-04): 2,048-element steps on
+        # the 7B's q+k(+v), o and down (8.5, 9.5, 8.3, 27.1 us against 9.2, 10.2, 9.6, 38.3); its
+        # gate+up (37,888 rows) keeps the tile below (40.0 us against the best 39.2).
+        return MatvecConfig(8, 2048, auto_split_k(n, k, 8, 2048, num_sms), 8)
     if m == 1:
         block_n, block_k, warps = 8, 512, 8 if k <= 1024 else 4
         if n >= 65536:  # an output head: 150k rows
@@ -187,8 +194,12 @@ def quant_matvec(
             f"weight planes over 2 GiB are not supported (the kernels use int32 offsets): ({n}, {k})"
         )
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-    cfg = config or default_config(qtype, m, n, k, num_sms)
     planar = packed.layout == "planar"
+    # 16-bit x goes int8 for the types STRATA_INT8_X names (Q4_K, planar layout only, by default).
+    by_default = (
+        (planar or qtype in _INT8_TYPES) and x.dtype != torch.float32 and qtype.name in env.int8_x_types()
+    )
+    cfg = config or default_config(qtype, m, n, k, num_sms, planar_int8=planar and by_default)
     kernel, unit = _Q4_K_PLANAR if planar else _KERNELS[qtype]
     if cfg.block_k % unit:
         raise ValueError(f"{qtype.name} needs block_k to be a multiple of {unit}, got {cfg.block_k}")
@@ -202,10 +213,6 @@ def quant_matvec(
             f"MatvecConfig.int8_x needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar), Q6_K, Q8_0 or "
             f"Q5_0, not {qtype.name} ({packed.layout})"
         )
-    # 16-bit x goes int8 for the types STRATA_INT8_X names (Q4_K, planar layout only, by default).
-    by_default = (
-        (planar or qtype in _INT8_TYPES) and x.dtype != torch.float32 and qtype.name in env.int8_x_types()
-    )
     int8_x = by_default if cfg.int8_x is None else cfg.int8_x
     if int8_x and cfg.prefetch:
         raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
