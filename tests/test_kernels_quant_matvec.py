@@ -237,6 +237,8 @@ def test_q4_k_int8_x_model_shapes_cuda(m: int, n: int, k: int):
 @pytest.mark.parametrize("m", [1, 4, 16])
 @pytest.mark.parametrize("n,k", [(896, 4864), (3584, 18944), (151936, 896)])
 def test_opt_in_int8_x_model_shapes_cuda(m: int, n: int, k: int, qtype: T):
+    if k % GGML_QUANT_SIZES[qtype][0]:
+        pytest.skip(f"k={k} is not a multiple of the {qtype.name} block")  # the 0.5B head is never Q6_K
     check_int8(m, n, k, torch.bfloat16, None, qtype)
 
 
