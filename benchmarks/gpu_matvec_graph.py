@@ -76,14 +76,14 @@ def configs(
 ) -> list[Config]:
     """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
     compiled once per type (N and K are run-time arguments); the planar Q4_K kernel also tries
-    1,024-element steps, each config with fp32 x, with prefetch, with int8 x and with int8 x and all
-    rows of a step at once; Q6_K, Q8_0 and Q5_0 also with int8 x (--int8-only: the int8 configs alone).
-    Matmul (with
-    --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand orders, as
-    a candidate for the decode of 16-bit x."""
+    1,024- and 2,048-element steps, each config with fp32 x, with prefetch, with int8 x and with int8
+    x and all rows of a step at once (M > 1) or a flat accumulator (M = 1); Q6_K, Q8_0 and Q5_0 also
+    with int8 x (--int8-only: the int8 configs alone). Matmul (with --tensor-core): the tensor-core
+    kernel with its row tile padded to 16, in both operand orders, as a candidate for 16-bit x."""
     if smoke:
         int8 = MatvecConfig(8, 256, 2, int8_x=True)
         extra = [int8, replace(int8, rows_at_once=True)] if layout == "planar" else []
+        extra += [replace(int8, flat_acc=True)] if layout == "planar" and m == 1 else []
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         if int8_only:
             return extra
@@ -114,6 +114,8 @@ def configs(
             sorted({1, auto_split_k(n, k, bn, bk)}), variants
         ):
             out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once))
+            if planar and int8 and m == 1:  # and with the flat accumulator
+                out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True))
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))

@@ -274,6 +274,27 @@ def test_rows_at_once_needs_the_int8_kernel():
         )
 
 
+@pytest.mark.parametrize("n,k,split_k", [(21, 3 * 256, 1), (37, 5 * 256, 2)])
+def test_int8_flat_accumulator_gives_the_same_sums(n: int, k: int, split_k: int):
+    # The same per-sub-block products added in the same order; only the final sum over the step's
+    # sub-blocks may be reduced in another order on the GPU (fp32 rounding, then one bf16 rounding).
+    raw = random_weight(T.Q4_K, n, k, seed=n).to(DEVICE)
+    packed = pack_quant_weight(raw, T.Q4_K, n, k, "planar")
+    x = torch.randn(1, k, device=DEVICE).bfloat16()
+    base = MatvecConfig(8, 256, split_k, int8_x=True)
+    three_d = quant_matvec(x, packed, T.Q4_K, n, k, config=base)
+    out = torch.full((1, n), float("nan"), dtype=x.dtype, device=DEVICE)
+    flat = quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(base, flat_acc=True))
+    if DEVICE == "cpu":
+        assert torch.equal(three_d, flat)
+    else:
+        torch.testing.assert_close(
+            flat.float(), three_d.float(), rtol=2**-7, atol=1e-3 * three_d.abs().max().item()
+        )
+    with pytest.raises(ValueError, match="flat_acc is implemented in Q4_K's int8_x kernel for one row"):
+        quant_matvec(x.repeat(2, 1), packed, T.Q4_K, n, k, config=replace(base, flat_acc=True))
+
+
 def test_strata_int8_x_picks_the_types(monkeypatch):
     n, k = 8, 512
     raw = random_weight(T.Q6_K, n, k, seed=5).to(DEVICE)

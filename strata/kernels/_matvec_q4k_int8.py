@@ -28,14 +28,17 @@ def q4_k_int8_matvec_kernel(
     stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr, ROWS_AT_ONCE: tl.constexpr,
+    FLAT_ACC: tl.constexpr = False,
 ):  # fmt: skip
+    """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
+    (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums."""
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     js = tl.arange(0, NS)
     n_sub = K // 32
     lo, hi = split_range(n_sub, NS, SPLIT_K)
-    acc = tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
+    acc = tl.zeros((BLOCK_N, NS), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
     for s0 in range(lo, hi, NS):
         s = s0 + js
         sv = s < hi
@@ -46,13 +49,15 @@ def q4_k_int8_matvec_kernel(
         w_hi = (words >> 4) & 0x0F0F0F0F
         d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
         d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
-        if ROWS_AT_ONCE:
+        if FLAT_ACC:
+            acc += _row_part(xq_ptr, xd_ptr, xs_ptr, 0, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM)
+        elif ROWS_AT_ONCE:
             acc += _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM)
         else:
             acc = _row_by_row(
                 acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM
             )
-    acc = tl.sum(acc, 2)
+    acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )
@@ -63,18 +68,24 @@ def _row_by_row(acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_m
                 M_PAD: tl.constexpr, USE_ASM: tl.constexpr):  # fmt: skip
     """acc (M_PAD, BLOCK_N, NS) += each row's products with the step's words, one row after another
     (each added through a select over the whole accumulator: work grows as M squared)."""
-    ir = tl.arange(0, 4)
     for m in tl.static_range(M):
-        xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
-        x_lo = tl.broadcast_to(tl.load(xq_at, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)  # (NS, 4)
-        x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)
-        dot = _dp4a(w_lo, x_lo, tl.zeros(w_lo.shape, tl.int32), USE_ASM)
-        dot = _dp4a(w_hi, x_hi, dot, USE_ASM)
-        xd = tl.load(xd_ptr + m * n_sub + s, mask=sv, other=0)
-        xs = tl.load(xs_ptr + m * n_sub + s, mask=sv, other=0)
-        part = d_sc * (tl.sum(dot, 2).to(tl.float32) * xd[None, :]) - d_mn * xs[None, :]
+        part = _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM)
         acc = add_to_row3(acc, part, m, M_PAD)
     return acc
+
+
+@triton.jit
+def _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM: tl.constexpr):
+    """Row m's (BLOCK_N, NS) products with the step's words, per sub-block, scaled."""
+    ir = tl.arange(0, 4)
+    xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
+    x_lo = tl.broadcast_to(tl.load(xq_at, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)  # (NS, 4)
+    x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)
+    dot = _dp4a(w_lo, x_lo, tl.zeros(w_lo.shape, tl.int32), USE_ASM)
+    dot = _dp4a(w_hi, x_hi, dot, USE_ASM)
+    xd = tl.load(xd_ptr + m * n_sub + s, mask=sv, other=0)
+    xs = tl.load(xs_ptr + m * n_sub + s, mask=sv, other=0)
+    return d_sc * (tl.sum(dot, 2).to(tl.float32) * xd[None, :]) - d_mn * xs[None, :]
 
 
 @triton.jit

@@ -45,11 +45,13 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 (f"legacy int8 {qtype} {name}", legacy_int8_matvec_kernel, dict(tile, QTYPE=qtype), {})
             )
         out.append((f"Q6_K int8 {name}", q6_k_int8_matvec_kernel, tile, {"sc_ptr": "*i8"}))
+        kernel = q4_k_int8_matvec_kernel
         for at_once in (False, True):
-            kernel = q4_k_int8_matvec_kernel
-            out.append(
-                (f"Q4_K int8 {name} rows_at_once={at_once}", kernel, dict(tile, ROWS_AT_ONCE=at_once), {})
-            )
+            tiles = dict(tile, ROWS_AT_ONCE=at_once)
+            out.append((f"Q4_K int8 {name} rows_at_once={at_once}", kernel, tiles, {}))
+        if m == 1:
+            tiles = dict(tile, ROWS_AT_ONCE=False, FLAT_ACC=True)
+            out.append((f"Q4_K int8 {name} flat_acc", kernel, tiles, {}))
     # The fp32-x matvecs, split (their shared store_rows) and not.
     u8 = {n: "*u8" for n in ("w_ptr", "ql_ptr", "qh_ptr", "qs_ptr")}
     for split in (1, 2):
@@ -72,6 +74,9 @@ def compile_for_sm90(fn: Any, constexprs: dict[str, Any], pointers: dict[str, st
     from triton.compiler import ASTSource
 
     names = fn.arg_names
+    # Constexpr parameters left out take their defaults, as a launch that omits them does.
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constexprs = {**defaults, **constexprs}
     types = {**POINTERS, **pointers}
     signature = {
         n: "constexpr" if n in constexprs else types.get(n, "*i32") if n.endswith("_ptr") else "i32"

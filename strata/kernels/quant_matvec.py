@@ -64,7 +64,9 @@ class MatvecConfig:
     default) does so for fp16 / bf16 x of the types STRATA_INT8_X names (Q4_K planar unless set) and
     keeps fp32 x exact. `rows_at_once` (Q4_K's int8 kernel only) computes all M rows of a step by
     broadcasting instead of one after another: the same sums, bit for bit, with work linear in M
-    (opt-in until timed; the other int8 kernels always work so)."""
+    (opt-in until timed; the other int8 kernels always work so). `flat_acc` (Q4_K's int8 kernel, M = 1)
+    keeps a two-dimensional accumulator in the layout of the step's products, saving a layout
+    conversion through shared memory per step: the same sums (opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -73,6 +75,7 @@ class MatvecConfig:
     prefetch: bool = False
     int8_x: bool | None = None
     rows_at_once: bool = False
+    flat_acc: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -218,6 +221,8 @@ def quant_matvec(
         raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
+    if cfg.flat_acc and not (int8_x and planar and m == 1 and not cfg.rows_at_once):
+        raise ValueError("MatvecConfig.flat_acc is implemented in Q4_K's int8_x kernel for one row of x only")
     extra = {"PREFETCH": cfg.prefetch} if planar else {}
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
@@ -315,5 +320,5 @@ def _int8_matvec(
     else:
         q4_k_int8_matvec_kernel[grid](
             xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
-            ROWS_AT_ONCE=cfg.rows_at_once, **common,
+            ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, **common,
         )  # fmt: skip
