@@ -200,7 +200,8 @@ def main() -> int:
         name = f"{name} ({layout})" if qtype == T.Q4_K else name
         x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T
-        default = default_config(qtype, args.m, n, k)
+        # bf16 x: the planar layout's matvec runs on int8 x by default (STRATA_INT8_X), with its own tiles.
+        default = default_config(qtype, args.m, n, k, planar_int8=layout == "planar")
         candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke, args.int8_only, args.m)
         results = []
         for cfg in [default, *[c for c in candidates if c != default]]:

@@ -107,10 +107,12 @@ def default_config(
     steps so that M per-row partial products fit in registers. K is split by `auto_split_k`.
     """
     if m == 1 and planar_int8 and 2048 <= n < 16384:
-        # Q4_K planar on int8 x (gpu_matvec_graph.py --int8-only, 2026-12-04): 2,048-element steps on
-        # the 7B's q+k(+v), o and down (8.5, 9.5, 8.3, 27.1 us against 9.2, 10.2, 9.6, 38.3); its
-        # gate+up (37,888 rows) keeps the tile below (40.0 us against the best 39.2).
-        return MatvecConfig(8, 2048, auto_split_k(n, k, 8, 2048, num_sms), 8)
+        # Q4_K planar on int8 x (gpu_matvec_graph.py --int8-only, 2026-12-04, flat accumulator):
+        # 2,048-element steps on the 7B's q+k, q+k+v, o and down (8.3, 8.9, 8.0, 25.5 us against the
+        # 512-element tiles' 9.9, 10.2, 9.6, 38.1); 4 warps (q+k+v 8.9 us against 11.1 with 8, q+k and
+        # o within 1.5 %) but 8 on long rows (down 25.5 against 26.3).
+        warps = 8 if k >= 16384 else 4
+        return MatvecConfig(8, 2048, auto_split_k(n, k, 8, 2048, num_sms), warps, flat_acc=True)
     if m == 1:
         block_n, block_k, warps = 8, 512, 8 if k <= 1024 else 4
         if n >= 65536:  # an output head: 150k rows
@@ -119,7 +121,11 @@ def default_config(
             block_n, block_k = (32, 512) if k >= 8192 else (16, 256)
         elif n >= 16384 or k >= 16384:
             block_n = 16
-        return MatvecConfig(block_n, block_k, auto_split_k(n, k, block_n, block_k, num_sms), warps)
+        # Q4_K's int8 kernel adds its products to a flat accumulator at M = 1: the same sums, one
+        # layout conversion per step fewer (faster at every default tile of the 7B sweep, e.g. gate+up
+        # 38.3 us against 40.0).
+        split = auto_split_k(n, k, block_n, block_k, num_sms)
+        return MatvecConfig(block_n, block_k, split, warps, flat_acc=planar_int8)
     block_k = max(_KERNELS[qtype][1], 256 if m <= 4 else 128)
     return MatvecConfig(16, block_k, auto_split_k(n, k, 16, block_k, num_sms))
 
