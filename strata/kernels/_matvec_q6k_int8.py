@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
-from strata.kernels._int8_x import _dot_rows, _x_rows
+from strata.kernels._int8_x import _dp4a
 
 
 @triton.jit
@@ -26,6 +26,20 @@ def _weights_minus_32(ql, qh, s: tl.constexpr):
 
 
 @triton.jit
+def _group_dots(w, x, USE_ASM: tl.constexpr):
+    """Sums of q - 32 times x per 16 elements: w (BLOCK_N, NH, 2, 4) weight words, x (M_PAD, NH, 2, 4)
+    every row's x words -> (M_PAD, BLOCK_N, NH, 2), or (BLOCK_N, NH, 2) for one row, whose x is
+    reshaped rather than broadcast along a fifth axis (which converted the weights' layout each step)."""
+    if x.shape[0] == 1:
+        a, b = tl.broadcast(w, tl.reshape(x, x.shape[1:]))
+        dots = tl.sum(_dp4a(a, b, tl.zeros_like(a), USE_ASM, SIGNED_A=True), 3)  # (BLOCK_N, NH, 2)
+    else:
+        a, b = tl.broadcast(w[None, :, :, :, :], x[:, None, :, :, :])
+        dots = tl.sum(_dp4a(a, b, tl.zeros_like(a), USE_ASM, SIGNED_A=True), 4)
+    return dots
+
+
+@triton.jit
 def q6_k_int8_matvec_kernel(
     xq_ptr, xd_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
     N, K,
@@ -33,33 +47,52 @@ def q6_k_int8_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
 ):  # fmt: skip
-    """ql_ptr and qh_ptr are int32 views (stride in words); every row of x at once (M_PAD of them)."""
+    """ql_ptr and qh_ptr are int32 views (stride in words); every row of x at once (M_PAD of them).
+    The products of each 16 elements are kept per (row, half, 16 elements) across the whole K loop and
+    summed once at the end: no cross-thread reduction and no layout conversion of a 16-element group
+    inside the loop (a group's four words are one thread's 16-byte load)."""
     NH: tl.constexpr = BLOCK_K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)
-    rc = rc1[:, None, None]
-    j = tl.arange(0, 8)[None, None, :]
+    rc = rc1[:, None, None, None]
+    word = tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]  # group, word
+    mi = tl.arange(0, M_PAD)
     n_sub = K // 32
     lo, hi = split_range(K // 128, NH, SPLIT_K)
-    acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+    # One row of x: a (BLOCK_N, NH, 2) accumulator, in the layout of the step's sums.
+    acc = (
+        tl.zeros((BLOCK_N, NH, 2), tl.float32)
+        if M_PAD == 1
+        else tl.zeros((M_PAD, BLOCK_N, NH, 2), tl.float32)
+    )
     for g0 in range(lo, hi, NH):
         g = g0 + tl.arange(0, NH)
         gv = g < hi
-        g3 = g[None, :, None]
-        m3 = gv[None, :, None]
-        qh = tl.load(qh_ptr + rc * stride_qh + g3 * 8 + j, mask=m3, other=0)  # (BLOCK_N, NH, 8)
+        g4 = g[None, :, None, None]
+        m4 = gv[None, :, None, None]
+        qh = tl.load(qh_ptr + rc * stride_qh + g4 * 8 + word, mask=m4, other=0)  # (BLOCK_N, NH, 2, 4)
         d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
-        d = d.to(tl.float32)[:, :, None]
+        d = d.to(tl.float32)[:, :, None]  # (BLOCK_N, NH, 1)
         for s in tl.static_range(4):
-            ql = tl.load(ql_ptr + rc * stride_ql + g3 * 16 + 8 * (s % 2) + j, mask=m3, other=0)
-            x, dx = _x_rows(xq_ptr, xd_ptr, 4 * g + s, gv, n_sub, M, M_PAD)  # x's sub-block 4g + s
-            dot = _dot_rows(_weights_minus_32(ql, qh, s), x, USE_ASM)  # (M_PAD, BLOCK_N, NH, 8)
-            dot16 = tl.sum(tl.reshape(dot, (M_PAD, BLOCK_N, NH, 2, 4)), 4)  # per 16 elements
-            sc_at = sc_ptr + rc * stride_sc + g3 * 8 + 2 * s + tl.arange(0, 2)[None, None, :]
-            sc = tl.load(sc_at, mask=m3, other=0)
+            ql = tl.load(ql_ptr + rc * stride_ql + g4 * 16 + 8 * (s % 2) + word, mask=m4, other=0)
+            # x's sub-block 4g + s for every row: (M_PAD, NH, 2, 4) words and (M_PAD, NH) scales dx.
+            ok = (mi < M)[:, None] & gv[None, :]
+            sub = (4 * g + s)[None, :]
+            x = tl.load(
+                xq_ptr + (mi[:, None] * n_sub + sub)[:, :, None, None] * 8 + word,
+                mask=ok[:, :, None, None],
+                other=0,
+            )
+            dx = tl.load(xd_ptr + mi[:, None] * n_sub + sub, mask=ok, other=0)
+            dot16 = _group_dots(_weights_minus_32(ql, qh, s), x, USE_ASM)  # (M_PAD, BLOCK_N, NH, 2)
+            sc_at = sc_ptr + rc1[:, None, None] * stride_sc + g[None, :, None] * 8 + 2 * s
+            sc = tl.load(sc_at + tl.arange(0, 2)[None, None, :], mask=gv[None, :, None], other=0)
             scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2): exact, as dequantize's d * sc
-            part = tl.sum(scale[None, :, :, :] * dot16.to(tl.float32), 3) * dx[:, None, :]
-            acc += tl.sum(part, 2)
+            if M_PAD == 1:
+                acc += scale * dot16.to(tl.float32) * tl.reshape(dx, (NH,))[None, :, None]
+            else:
+                acc += scale[None, :, :, :] * dot16.to(tl.float32) * dx[:, None, :, None]
+    acc = tl.sum(tl.sum(acc, 2), 1)[None, :] if M_PAD == 1 else tl.sum(tl.sum(acc, 3), 2)
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )

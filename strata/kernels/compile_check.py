@@ -54,21 +54,26 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             out.append((f"Q4_K int8 {name} flat_acc", kernel, tiles, {}))
     # The fp32-x matvecs, split (their shared store_rows) and not.
     u8 = {n: "*u8" for n in ("w_ptr", "ql_ptr", "qh_ptr", "qs_ptr")}
-    for split in (1, 2):
-        tile = dict(M=3, M_PAD=4, BLOCK_N=16, BLOCK_K=512, SPLIT_K=split, HAS_BIAS=True)
+    for m, m_pad, split in ((1, 1, 1), (3, 4, 2)):
+        tile = dict(M=m, M_PAD=m_pad, BLOCK_N=16, BLOCK_K=512, SPLIT_K=split, HAS_BIAS=split > 1)
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
             (q5_0_matvec_kernel, {**u8, "qh_ptr": "*i32"}),
             (q4_k_matvec_kernel, {**u8, "w16_ptr": "*fp16"}),
             (q6_k_matvec_kernel, {**u8, "sc_ptr": "*i8"}),
         ):
-            out.append((f"{kernel.__name__} split={split}", kernel, tile, pointers))
+            out.append((f"{kernel.__name__} M={m} split={split}", kernel, tile, pointers))
         planar = q4_k_planar_matvec_kernel
-        out.append((f"Q4_K planar split={split}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
+        out.append(
+            (f"Q4_K planar M={m} split={split}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"})
+        )
     return out
 
 
-def compile_for_sm90(fn: Any, constexprs: dict[str, Any], pointers: dict[str, str]) -> None:
+def compile_for_sm90(fn: Any, constexprs: dict[str, Any], pointers: dict[str, str]) -> Any:
+    """The compiled kernel (its `.asm` holds ttgir, ptx, cubin). Every run-time argument is taken as a
+    multiple of 16, as Triton specializes a launch on the model shapes (strides of whole blocks), so
+    the layouts and vector widths are those of such a launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -82,8 +87,22 @@ def compile_for_sm90(fn: Any, constexprs: dict[str, Any], pointers: dict[str, st
         n: "constexpr" if n in constexprs else types.get(n, "*i32") if n.endswith("_ptr") else "i32"
         for n in names
     }
-    src = ASTSource(fn, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
-    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in constexprs}
+    src = ASTSource(
+        fn, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs
+    )
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+
+def converts_in_loops(ttgir: str) -> int:
+    """Layout conversions inside loop bodies: each one of a tensor moves it through shared memory (or
+    shuffles it) on every iteration, traffic that Nsight Compute counts against L1."""
+    depth, count = 0, 0
+    for line in ttgir.splitlines():
+        depth += "scf.for" in line
+        count += depth > 0 and "ttg.convert_layout" in line
+        depth -= "scf.yield" in line and depth > 0
+    return count
 
 
 def main() -> int:
@@ -93,8 +112,11 @@ def main() -> int:
     failed = 0
     for name, fn, constexprs, pointers in variants():
         try:
-            compile_for_sm90(fn, constexprs, pointers)
-            print(f"ok {name}", flush=True)
+            kernel = compile_for_sm90(fn, constexprs, pointers)
+            print(
+                f"ok {name} (layout conversions in loops: {converts_in_loops(kernel.asm['ttgir'])})",
+                flush=True,
+            )
         except Exception as e:  # noqa: BLE001 - each failure is reported, then the next variant runs
             failed += 1
             print(f"FAILED {name}: {type(e).__name__}: {str(e)[-600:]}", flush=True)
