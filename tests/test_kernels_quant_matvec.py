@@ -389,6 +389,18 @@ def test_bias_is_added_once(monkeypatch, qtype: GGMLQuantizationType, layout: st
     assert ((y.cpu().double() - ref).abs() <= 1e-5 * bound).all()
 
 
+def test_split_locks_grow_without_freeing_the_smaller_set():
+    # A CUDA graph captured with the smaller set keeps its address: it must stay allocated and zero.
+    from strata.kernels.quant_matvec import _LOCKS, split_locks
+
+    small = split_locks(torch.device(DEVICE), 3)
+    big = split_locks(torch.device(DEVICE), small.numel() + 1)
+    assert big.numel() > small.numel() and big.data_ptr() != small.data_ptr()
+    assert split_locks(torch.device(DEVICE), 3).data_ptr() == big.data_ptr()
+    assert not small.any() and not big.any()
+    assert small.data_ptr() in [t.data_ptr() for t in _LOCKS[torch.device(DEVICE)]]
+
+
 @pytest.mark.parametrize("qtype,int8_x", [(T.Q8_0, False), (T.Q6_K, True)], ids=["Q8_0", "Q6_K int8"])
 def test_split_k_counters_are_reset_for_the_next_launch(qtype: GGMLQuantizationType, int8_x: bool):
     # The last split of each row tile sums the partials and zeroes its counter; a counter left behind

@@ -239,7 +239,8 @@ def quant_matvec(
         else torch.empty(cfg.split_k, m, out.stride(0), dtype=torch.float32, device=x.device)
     )
     stride_ys = 0 if cfg.split_k == 1 else ws.stride(0)
-    dest = (ws, out, split_locks(x.device, grid[0]), out if bias is None else bias)
+    locks = split_locks(x.device, grid[0] if cfg.split_k > 1 else 1)  # unread without split-K
+    dest = (ws, out, locks, out if bias is None else bias)
     tensors, strides = _kernel_args(packed)
     if int8_x:
         _int8_matvec(
@@ -254,17 +255,18 @@ def quant_matvec(
     return out
 
 
-_LOCKS: dict[torch.device, torch.Tensor] = {}
+_LOCKS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def split_locks(device: torch.device, tiles: int) -> torch.Tensor:
     """The device's split-K counters, one per row tile, all zero between launches (each launch's last
     split resets its own). One set serves every launch: launches on a stream run one after another.
-    Made before a CUDA graph is captured (the warm-up runs first), so a graph holds no copy of its own."""
-    locks = _LOCKS.get(device)
-    if locks is None or locks.numel() < tiles:
-        locks = _LOCKS[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
-    return locks
+    A call needing more tiles gets a larger set, and the smaller ones stay allocated: a CUDA graph
+    captured with one keeps its address."""
+    sets = _LOCKS.setdefault(device, [])
+    if not sets or sets[-1].numel() < tiles:
+        sets.append(torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device))
+    return sets[-1]
 
 
 def quantize_x(x: torch.Tensor, planar: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
