@@ -77,7 +77,7 @@ def configs(
     """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
     compiled once per type (N and K are run-time arguments); the planar Q4_K kernel also tries
     1,024- and 2,048-element steps, each config with fp32 x, with prefetch, with int8 x and with int8
-    x and all rows of a step at once (M > 1) or a flat accumulator (M = 1); Q6_K, Q8_0 and Q5_0 also
+    x and all rows of a step at once (M > 1) or a flat accumulator (M = 1, also Q5_0); Q6_K, Q8_0, Q5_0 also
     with int8 x (--int8-only: the int8 configs alone). Matmul (with --tensor-core): the tensor-core
     kernel with its row tile padded to 16, in both operand orders, as a candidate for 16-bit x."""
     if smoke:
@@ -114,7 +114,7 @@ def configs(
             sorted({1, auto_split_k(n, k, bn, bk)}), variants
         ):
             out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once))
-            if planar and int8 and m == 1:  # and with the flat accumulator
+            if m == 1 and ((planar and int8) or (qtype == T.Q5_0 and int8 is None)):  # and a flat accumulator
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True))
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):

@@ -291,8 +291,14 @@ def test_int8_flat_accumulator_gives_the_same_sums(n: int, k: int, split_k: int)
         torch.testing.assert_close(
             flat.float(), three_d.float(), rtol=2**-7, atol=1e-3 * three_d.abs().max().item()
         )
-    with pytest.raises(ValueError, match="flat_acc is implemented in Q4_K's int8_x kernel for one row"):
+    with pytest.raises(ValueError, match="flat_acc is implemented for one row of x"):
         quant_matvec(x.repeat(2, 1), packed, T.Q4_K, n, k, config=replace(base, flat_acc=True))
+
+
+@pytest.mark.parametrize("n,k,split_k", [(21, 7 * 32, 1), (37, 40 * 32, 3)])
+def test_q5_0_flat_accumulator_matches_reference(n: int, k: int, split_k: int):
+    # fp32 sums in another order than the per-step reductions: `check`'s reference tolerance applies.
+    check(T.Q5_0, 1, n, k, torch.bfloat16, MatvecConfig(8, 128, split_k, flat_acc=True))
 
 
 def test_strata_int8_x_picks_the_types(monkeypatch):

@@ -55,15 +55,17 @@ def q5_0_matvec_kernel(
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FLAT_ACC: tl.constexpr = False,
 ):  # fmt: skip
+    """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
+    after the loop, instead of three reductions (one across threads) every step."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     ib = tl.arange(0, NB)
     ij = tl.arange(0, 16)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
-    acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+    acc = tl.zeros((BLOCK_N, NB, 16), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
         blk = b0 + ib
         bm = blk < hi
@@ -81,8 +83,13 @@ def q5_0_matvec_kernel(
             x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
             x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
             x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-            part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
-            acc = add_to_row(acc, part, m, M_PAD)
+            if FLAT_ACC:
+                acc += (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
+            else:
+                part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
+                acc = add_to_row(acc, part, m, M_PAD)
+    if FLAT_ACC:
+        acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )

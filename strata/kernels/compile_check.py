@@ -54,15 +54,19 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             out.append((f"Q4_K int8 {name} flat_acc", kernel, tiles, {}))
     # The fp32-x matvecs, split (their shared store_rows) and not.
     u8 = {n: "*u8" for n in ("w_ptr", "ql_ptr", "qh_ptr", "qs_ptr")}
+    u8q5 = {**u8, "qh_ptr": "*i32"}
     for m, m_pad, split in ((1, 1, 1), (3, 4, 2)):
         tile = dict(M=m, M_PAD=m_pad, BLOCK_N=16, BLOCK_K=512, SPLIT_K=split, HAS_BIAS=split > 1)
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
-            (q5_0_matvec_kernel, {**u8, "qh_ptr": "*i32"}),
+            (q5_0_matvec_kernel, u8q5),
             (q4_k_matvec_kernel, {**u8, "w16_ptr": "*fp16"}),
             (q6_k_matvec_kernel, {**u8, "sc_ptr": "*i8"}),
         ):
             out.append((f"{kernel.__name__} M={m} split={split}", kernel, tile, pointers))
+        if m == 1:
+            flat = dict(tile, FLAT_ACC=True)
+            out.append((f"q5_0_matvec_kernel M={m} split={split} flat_acc", q5_0_matvec_kernel, flat, u8q5))
         planar = q4_k_planar_matvec_kernel
         out.append(
             (f"Q4_K planar M={m} split={split}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"})

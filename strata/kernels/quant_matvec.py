@@ -64,9 +64,10 @@ class MatvecConfig:
     default) does so for fp16 / bf16 x of the types STRATA_INT8_X names (Q4_K planar unless set) and
     keeps fp32 x exact. `rows_at_once` (Q4_K's int8 kernel only) computes all M rows of a step by
     broadcasting instead of one after another: the same sums, bit for bit, with work linear in M
-    (opt-in until timed; the other int8 kernels always work so). `flat_acc` (Q4_K's int8 kernel, M = 1)
-    keeps a two-dimensional accumulator in the layout of the step's products, saving a layout
-    conversion through shared memory per step: the same sums (opt-in until timed)."""
+    (opt-in until timed; the other int8 kernels always work so). `flat_acc` (M = 1; Q4_K's int8
+    kernel and Q5_0's fp32 one) keeps the accumulator in the layout of the step's products and reduces
+    it once after the loop: Q4_K int8 saves a layout conversion per step, the same sums (its default,
+    measured); Q5_0 three reductions per step, fp32 sums in another order (opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -227,9 +228,12 @@ def quant_matvec(
         raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
-    if cfg.flat_acc and not (int8_x and planar and m == 1 and not cfg.rows_at_once):
-        raise ValueError("MatvecConfig.flat_acc is implemented in Q4_K's int8_x kernel for one row of x only")
-    extra = {"PREFETCH": cfg.prefetch} if planar else {}
+    flat_q5_0 = qtype == _T.Q5_0 and not int8_x
+    if cfg.flat_acc and not (m == 1 and not cfg.rows_at_once and ((int8_x and planar) or flat_q5_0)):
+        raise ValueError(
+            "MatvecConfig.flat_acc is implemented for one row of x in Q4_K's int8_x kernel and Q5_0's fp32"
+        )
+    extra = {"PREFETCH": cfg.prefetch} if planar else {"FLAT_ACC": cfg.flat_acc} if flat_q5_0 else {}
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
     # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
