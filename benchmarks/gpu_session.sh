@@ -9,7 +9,9 @@
 #   4c. int8 x for Q6_K, Q8_0, Q5_0 end to end: `bench ab strata strata:int8_x=...`, decode b1 on
 #      the 7B (Q4_K+Q6_K) and the 0.5B (all four types) (INT8_AB=1 adds it; about 2 minutes)
 #   4d. any `strata bench ab` pairs: AB_CASES="name:args;name:args" (MODEL7 and MODEL05 in the args
-#      stand for the synthetic 7B and 0.5B files; a strata@REV arm needs .git, which is checked first)
+#      stand for the synthetic 7B and 0.5B files; a strata@REV arm needs this tree's .git: `carry` refuses
+#      .git, so copy it here as .gitcopy, carry that, and start the command with `rm -rf .git && mv
+#      .gitcopy .git` (the machine has a .git of another commit; never `git checkout` there)
 #   4e. Nsight Compute on single kernels: NCU_CASES="ncu_matvec.py args;..." (speed of light, occupancy,
 #      warp stalls; full reports in $OUT/ncu.txt)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
