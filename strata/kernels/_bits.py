@@ -70,16 +70,14 @@ def store_rows(
     the partials are read through L2 (.cg), where the other programs' stores landed."""
     mi = tl.arange(0, M_PAD)
     inside = (mi[:, None] < M) & (rows[None, :] < N)
+    at = mi[:, None] * stride_ym + rows[None, :]
     if HAS_BIAS:
         bias = tl.load(b_ptr + rows, mask=rows < N, other=0).to(tl.float32)
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += bias[None, :]
-        tl.store(
-            out_ptr + mi[:, None] * stride_ym + rows[None, :], acc.to(out_ptr.dtype.element_ty), mask=inside
-        )
+        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=inside)
     else:
-        at = mi[:, None] * stride_ym + rows[None, :]
         tl.store(y_ptr + tl.program_id(1) * stride_ys + at, acc, mask=inside)
         tl.debug_barrier()
         tile = tl.program_id(0)

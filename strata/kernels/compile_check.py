@@ -35,42 +35,39 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
     for planar in (False, True):
         out.append((f"quantize_x planar={planar}", quantize_x_kernel, {"NSB": 32, "PLANAR": planar}, {}))
-    for m, m_pad, split in ((1, 1, 1), (3, 4, 2)):
-        tile = dict(
-            M=m, M_PAD=m_pad, BLOCK_N=16, BLOCK_K=512, SPLIT_K=split, HAS_BIAS=split > 1, USE_ASM=True
-        )
-        name = f"M={m} split={split}"
-        for qtype in (6, 8):
-            out.append(
-                (f"legacy int8 {qtype} {name}", legacy_int8_matvec_kernel, dict(tile, QTYPE=qtype), {})
-            )
-        out.append((f"Q6_K int8 {name}", q6_k_int8_matvec_kernel, tile, {"sc_ptr": "*i8"}))
-        kernel = q4_k_int8_matvec_kernel
-        for at_once in (False, True):
-            tiles = dict(tile, ROWS_AT_ONCE=at_once)
-            out.append((f"Q4_K int8 {name} rows_at_once={at_once}", kernel, tiles, {}))
-        if m == 1:
-            tiles = dict(tile, ROWS_AT_ONCE=False, FLAT_ACC=True)
-            out.append((f"Q4_K int8 {name} flat_acc", kernel, tiles, {}))
-    # The fp32-x matvecs, split (their shared store_rows) and not.
     u8 = {n: "*u8" for n in ("w_ptr", "ql_ptr", "qh_ptr", "qs_ptr")}
     u8q5 = {**u8, "qh_ptr": "*i32"}
     for m, m_pad, split in ((1, 1, 1), (3, 4, 2)):
         tile = dict(M=m, M_PAD=m_pad, BLOCK_N=16, BLOCK_K=512, SPLIT_K=split, HAS_BIAS=split > 1)
+        name = f"M={m} split={split}"
+        # The int8-x matvecs.
+        int8 = dict(tile, USE_ASM=True)
+        for qtype in (6, 8):
+            out.append(
+                (f"legacy int8 {qtype} {name}", legacy_int8_matvec_kernel, dict(int8, QTYPE=qtype), {})
+            )
+        out.append((f"Q6_K int8 {name}", q6_k_int8_matvec_kernel, int8, {"sc_ptr": "*i8"}))
+        q4k = q4_k_int8_matvec_kernel
+        for at_once in (False, True):
+            out.append(
+                (f"Q4_K int8 {name} rows_at_once={at_once}", q4k, dict(int8, ROWS_AT_ONCE=at_once), {})
+            )
+        if m == 1:
+            out.append((f"Q4_K int8 {name} flat_acc", q4k, dict(int8, ROWS_AT_ONCE=False, FLAT_ACC=True), {}))
+        # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
             (q5_0_matvec_kernel, u8q5),
             (q4_k_matvec_kernel, {**u8, "w16_ptr": "*fp16"}),
             (q6_k_matvec_kernel, {**u8, "sc_ptr": "*i8"}),
         ):
-            out.append((f"{kernel.__name__} M={m} split={split}", kernel, tile, pointers))
+            out.append((f"{kernel.__name__} {name}", kernel, tile, pointers))
         if m == 1:
-            flat = dict(tile, FLAT_ACC=True)
-            out.append((f"q5_0_matvec_kernel M={m} split={split} flat_acc", q5_0_matvec_kernel, flat, u8q5))
+            out.append(
+                (f"q5_0_matvec_kernel {name} flat_acc", q5_0_matvec_kernel, dict(tile, FLAT_ACC=True), u8q5)
+            )
         planar = q4_k_planar_matvec_kernel
-        out.append(
-            (f"Q4_K planar M={m} split={split}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"})
-        )
+        out.append((f"Q4_K planar {name}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
     return out
 
 

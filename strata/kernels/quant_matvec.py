@@ -247,9 +247,7 @@ def quant_matvec(
     dest = (ws, out, locks, out if bias is None else bias)
     tensors, strides = _kernel_args(packed)
     if int8_x:
-        _int8_matvec(
-            qtype, x, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, out.stride(0), cfg
-        )
+        _int8_matvec(qtype, x, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg)
     else:
         kernel[grid](
             x, *dest, *tensors, n, k, x.stride(0), stride_ys, out.stride(0), *strides,
@@ -300,12 +298,11 @@ def _int8_matvec(
     n: int,
     k: int,
     stride_ys: int,
-    stride_ym: int,
     cfg: MatvecConfig,
 ) -> None:
     """x quantized to int8 per 32 elements (one launch), then the dp4a matvec; `dest` is the kernels'
     (workspace, out, split locks, bias) arguments."""
-    m = x.shape[0]
+    m, stride_ym = x.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
     xq, xd, xs = quantize_x(x, planar=qtype == _T.Q4_K)
     common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
