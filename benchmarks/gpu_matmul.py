@@ -46,11 +46,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpu_kernels import random_weight  # noqa: E402  (the same random GGUF bytes as the kernel sweep)
 
 T = GGMLQuantizationType
-# (name, n, k, types): Qwen2.5-0.5B and Qwen2.5-7B projections.
+# (name, n, k, types): Qwen2.5-0.5B and 7B projections, the 7B's also as its decode step runs them
+# (q and k stacked, gate and up stacked, the output head).
 SHAPES = [
     ("0.5b ffn_up", 4864, 896, (T.Q5_0, T.Q8_0)),
     ("7b ffn_up", 18944, 3584, (T.Q4_K, T.Q6_K)),
-    ("7b ffn_down", 3584, 18944, (T.Q4_K,)),
+    ("7b ffn_down", 3584, 18944, (T.Q4_K, T.Q6_K)),
+    ("7b q+k", 4096, 3584, (T.Q4_K,)),
+    ("7b v", 512, 3584, (T.Q6_K,)),
+    ("7b o", 3584, 3584, (T.Q4_K,)),
+    ("7b gate+up", 37888, 3584, (T.Q4_K,)),
+    ("7b lm_head", 152064, 3584, (T.Q6_K,)),
 ]
 SMALL_SHAPES = [("small", 100, 512, (T.Q5_0, T.Q4_K)), ("small", 72, 768, (T.Q8_0, T.Q6_K))]
 BATCHES = (16, 64, 256, 2048)

@@ -16,7 +16,7 @@ import strata.kernels.dequant_packed as dequant_packed  # noqa: E402
 import strata.kernels.quant_matmul as quant_matmul  # noqa: E402
 import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
 from strata import env  # noqa: E402
-from strata.layers.linear import QuantLinear  # noqa: E402
+from strata.layers.linear import WIDE_ROWS, QuantLinear  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
 
 T = GGMLQuantizationType
@@ -33,8 +33,9 @@ def test_defaults_and_errors(monkeypatch):
             env.kernel_row_limits()
 
 
+@pytest.mark.parametrize("n", [8, WIDE_ROWS], ids=["narrow", "wide"])
 @pytest.mark.parametrize("limits", [(16, 64), (4, 32)])
-def test_rows_pick_the_kernel(monkeypatch, limits: tuple[int, int]):
+def test_rows_pick_the_kernel(monkeypatch, limits: tuple[int, int], n: int):
     monkeypatch.setenv("STRATA_MATVEC_ROWS", str(limits[0]))
     monkeypatch.setenv("STRATA_DENSE_ROWS", str(limits[1]))
     called: list[str] = []
@@ -42,17 +43,20 @@ def test_rows_pick_the_kernel(monkeypatch, limits: tuple[int, int]):
     def record(name):
         def run(x, *args, **kwargs):  # x (rows, 32) for the fused kernels; the packed weight for dense
             called.append(name)
-            return torch.zeros(8, 32) if name == "dense" else torch.zeros(x.shape[0], 8)
+            return torch.zeros(n, 32) if name == "dense" else torch.zeros(x.shape[0], n)
 
         return run
 
     monkeypatch.setattr(quant_matvec, "quant_matvec", record("matvec"))
     monkeypatch.setattr(quant_matmul, "quant_matmul", record("matmul"))
     monkeypatch.setattr(dequant_packed, "dequantize_packed", record("dense"))
-    raw = torch.zeros(8, 34, dtype=torch.uint8)  # Q8_0: 8 rows of one 34-byte block
-    layer = QuantLinear(raw, T.Q8_0, (8, 32), Placement(kernels=True))
+    raw = torch.zeros(n, 34, dtype=torch.uint8)  # Q8_0: n rows of one 34-byte block
+    layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(kernels=True))
     matvec, dense = limits
-    expected = {1: "matvec", matvec: "matvec", matvec + 1: "matmul", dense - 1: "matmul", dense: "dense"}
+    # A wide weight keeps the fused matmul at DENSE_ROWS rows too.
+    last_matmul = dense if n >= WIDE_ROWS else dense - 1
+    expected = {1: "matvec", matvec: "matvec", matvec + 1: "matmul", last_matmul: "matmul"}
+    expected[last_matmul + 1] = "dense"
     for rows, kernel in expected.items():
         called.clear()
         layer(torch.zeros(rows, 32))

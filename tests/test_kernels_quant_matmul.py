@@ -154,8 +154,21 @@ def test_default_config():
     assert (small.block_m, small.block_n) == (16, 16)
     assert default_config(T.Q4_K, 17, 4864, 896).block_n == 32
     assert default_config(T.Q4_K, 40, 4864, 896).block_m == 64
+    wide = default_config(T.Q4_K, 16, 37888, 3584)  # gate+up, the output head
+    assert (wide.block_m, wide.block_n, wide.block_k, wide.swap_ab) == (16, 64, 64, True)
+    long_k = default_config(T.Q6_K, 64, 3584, 18944)  # down
+    assert (long_k.block_m, long_k.block_n, long_k.block_k, long_k.swap_ab) == (64, 16, 256, False)
     large = default_config(T.Q4_K, 2048, 18944, 3584)
     assert (large.block_m, large.block_n, large.num_warps) == (256, 128, 8)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", ["wide", "long_k"])
+def test_default_tiles_of_model_shapes_match_reference(qtype: GGMLQuantizationType, shape: str):
+    # The tiles default_config picks for the 7B's gate+up and down, on a small weight (n = 72: a partial
+    # W tile).
+    n, k = (37888, 3584) if shape == "wide" else (3584, 18944)
+    check(qtype, 20, 72, 768, torch.bfloat16, default_config(qtype, 20, n, k))
 
 
 def test_errors_name_the_problem():

@@ -306,10 +306,14 @@ def test_strata_int8_x_picks_the_types(monkeypatch):
     raw = random_weight(T.Q6_K, n, k, seed=5).to(DEVICE)
     x = torch.randn(2, k, device=DEVICE).bfloat16()
     tile = MatvecConfig(16, 256)  # int8_x None: STRATA_INT8_X decides
-    exact = quant_matvec(x, raw, T.Q6_K, n, k, config=tile)
+    exact = quant_matvec(x, raw, T.Q6_K, n, k, config=replace(tile, int8_x=False))
     forced = quant_matvec(x, raw, T.Q6_K, n, k, config=replace(tile, int8_x=True))
     assert not torch.equal(exact, forced)  # the two paths differ, so the checks below mean something
-    monkeypatch.setenv("STRATA_INT8_X", "q4_k+Q6_K")
+    monkeypatch.delenv("STRATA_INT8_X", raising=False)
+    assert torch.equal(quant_matvec(x, raw, T.Q6_K, n, k, config=tile), forced)  # Q6_K's default
+    monkeypatch.setenv("STRATA_INT8_X", "q4_k")
+    assert torch.equal(quant_matvec(x, raw, T.Q6_K, n, k, config=tile), exact)
+    monkeypatch.setenv("STRATA_INT8_X", "Q8_0+q6_k")
     assert torch.equal(quant_matvec(x, raw, T.Q6_K, n, k, config=tile), forced)
     monkeypatch.setenv("STRATA_INT8_X", "none")
     assert torch.equal(quant_matvec(x, raw, T.Q6_K, n, k, config=tile), exact)

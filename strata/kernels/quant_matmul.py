@@ -60,18 +60,23 @@ class MatmulConfig:
 
 
 def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int) -> MatmulConfig:
-    """The best of the sweep in benchmarks/gpu_matmul.py on an H200 (Triton 3.6, bf16 x; 0.5B and 7B
-    FFN shapes): so far by M alone, the same for every type and shape; the other arguments let a
-    tuned table refine it without changing callers.
+    """The best of the sweeps in benchmarks/gpu_matmul.py on an H200 (Triton 3.6, bf16 x; the 7B's
+    decode shapes at 16 and 64 rows, 2026-12-04): by M and the weight's shape, the same for every type.
 
-    Up to 64 rows: one row tile as small as tl.dot allows and narrow 32-row W tiles, so that many
-    programs keep loads in flight (decoding, not the tensor cores, is the limit). Above: 128 and then
-    256 rows per program with 8 warps, since each decoded W tile is reused by every row of the tile.
+    Up to 64 rows: one row tile as small as tl.dot allows (decoding W, not the tensor cores, is the
+    limit). Wide weights (n >= 16,384: gate+up, the output head) take 64-row W tiles with K steps of
+    64 and W as wgmma's register operand (swap_ab; 7B gate+up 1.58x at 16 rows, 1.17x at 64);
+    long-K ones (k > 8,192: down) 16-row W tiles with K steps of 256 (1.07x, 1.10x); the rest keep
+    narrow W tiles. Above 64 rows: 128 and then 256 rows per program with 8 warps, since each decoded W
+    tile is reused by every row of the tile.
     """
-    if m <= 16:  # batched decode (5-16 rows by default): twice the programs of 32-row W tiles (untuned)
-        return MatmulConfig(16, 16, 128, num_warps=4, num_stages=3)
     if m <= 64:
-        return MatmulConfig(max(16, triton.next_power_of_2(m)), 32, 128, num_warps=4, num_stages=3)
+        bm = max(16, triton.next_power_of_2(m))
+        if n >= 16384:
+            return MatmulConfig(bm, 64, 64, num_warps=4, num_stages=3, swap_ab=True)
+        if k > 8192:
+            return MatmulConfig(bm, 16, 256, num_warps=4, num_stages=3)
+        return MatmulConfig(bm, 16 if m <= 16 else 32, 128, num_warps=4, num_stages=3)
     if m <= 128:
         return MatmulConfig(128, 64, 128, num_warps=4, num_stages=3)
     return MatmulConfig(256, 128, 64, num_warps=8, num_stages=3)

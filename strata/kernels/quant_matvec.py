@@ -51,7 +51,7 @@ _KERNELS = {
 # Q4_K's planar layout (quant_pack): its own kernel, in whole 32-element sub-blocks.
 _Q4_K_PLANAR = (q4_k_planar_matvec_kernel, 32)
 _CODEBOOK_TYPES = (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S)
-# Types with an int8-x (dp4a) kernel besides Q4_K's planar layout (untimed: off unless STRATA_INT8_X).
+# Types with an int8-x (dp4a) kernel besides Q4_K's planar layout (STRATA_INT8_X picks them; Q6_K by default).
 _INT8_TYPES = (_T.Q6_K, _T.Q8_0, _T.Q5_0)
 MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 
@@ -61,7 +61,7 @@ class MatvecConfig:
     """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k.
     `prefetch` (Q4_K's planar kernel only) issues each step's loads one step ahead. `int8_x` (Q4_K
     planar, Q6_K, Q8_0, Q5_0) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the
-    default) does so for fp16 / bf16 x of the types STRATA_INT8_X names (Q4_K planar unless set) and
+    default) does so for fp16 / bf16 x of the types STRATA_INT8_X names (Q4_K planar and Q6_K unless set) and
     keeps fp32 x exact. `rows_at_once` (Q4_K's int8 kernel only) computes all M rows of a step by
     broadcasting instead of one after another: the same sums, bit for bit, with work linear in M
     (opt-in until timed; the other int8 kernels always work so). `flat_acc` (M = 1; Q4_K's int8
@@ -205,7 +205,7 @@ def quant_matvec(
         )
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     planar = packed.layout == "planar"
-    # 16-bit x goes int8 for the types STRATA_INT8_X names (Q4_K, planar layout only, by default).
+    # 16-bit x goes int8 for the types STRATA_INT8_X names (by default Q4_K, planar layout only, and Q6_K).
     by_default = (
         (planar or qtype in _INT8_TYPES) and x.dtype != torch.float32 and qtype.name in env.int8_x_types()
     )
