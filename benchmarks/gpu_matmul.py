@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -120,12 +120,15 @@ def configs(qtype: GGMLQuantizationType, m: int, n: int, k: int, wide: bool = Fa
             MatmulConfig(256, 128, 64, 8, 3),
             MatmulConfig(128, 128, 128, 8, 3),
         ]
+    if m <= 64:  # K split in 1-8 at the default tile (the default picks one by the tile count)
+        alts += [replace(base, split_k=s) for s in (1, 2, 4, 8)]
     return [base] + [c for c in alts if c != base]
 
 
 def cfg_name(c: MatmulConfig) -> str:
     swap = " swap" if c.swap_ab else ""
-    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}{swap}"
+    split = f" split{c.split_k}" if c.split_k > 1 else ""
+    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}{swap}{split}"
 
 
 def bench_us(fn: Callable[[], object], small: bool) -> float:

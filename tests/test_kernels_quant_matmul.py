@@ -171,6 +171,24 @@ def test_default_tiles_of_model_shapes_match_reference(qtype: GGMLQuantizationTy
     check(qtype, 20, 72, 768, torch.bfloat16, default_config(qtype, 20, n, k))
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_split_k_matches_reference(qtype: GGMLQuantizationType, swap_ab: bool):
+    # 12 K steps of 64 in 5 splits of 3: the last split has none and adds a zero partial; partial row
+    # and W tiles (m = 20, n = 72). Twice in a row: each launch's last split resets its counters.
+    cfg = MatmulConfig(16, 32, 64, group_m=1, swap_ab=swap_ab, split_k=5)
+    for _ in range(2):
+        check(qtype, 20, 72, 768, torch.bfloat16, cfg)
+
+
+def test_default_config_splits_k_of_narrow_weights():
+    # 7B o at 16 rows: 224 tiles of 16 x 16, 28 K steps of 128; v: 32 tiles, at least 4 steps a split.
+    assert default_config(T.Q4_K, 16, 3584, 3584).split_k == 1
+    assert default_config(T.Q4_K, 64, 3584, 3584).split_k == 3
+    assert default_config(T.Q6_K, 16, 512, 3584).split_k == 7
+    assert default_config(T.Q4_K, 16, 37888, 3584).split_k == 1
+
+
 def test_errors_name_the_problem():
     raw = random_weight(T.Q8_0, 4, 64, seed=1).to(DEVICE)
     packed = pack_quant_weight(raw, T.Q8_0, 4, 64)

@@ -62,30 +62,35 @@ def store_rows(
     """Write the (M_PAD, BLOCK_N) accumulator, plus the bias b[rows] when there is one, to out[m, rows]
     (row stride stride_ym), rounding once to out's dtype.
 
-    Under split-K each split stores its fp32 partial to the workspace y[split, m, rows] (split stride
-    stride_ys, row stride stride_ym), and the last split of a row tile to finish (counted in
-    lock[row tile] by an atomic) sums the partials in split order, adds the bias, writes out and
-    resets its counter to 0 for the next launch: the reduction costs no launch of its own. The
-    barrier makes this program's partial stores precede its release (the atomic is one thread's);
-    the partials are read through L2 (.cg), where the other programs' stores landed."""
+    Under split-K the partials go through the workspace y[split, m, rows] (split stride stride_ys,
+    row stride stride_ym) and `sum_splits`, per row tile."""
     mi = tl.arange(0, M_PAD)
     inside = (mi[:, None] < M) & (rows[None, :] < N)
     at = mi[:, None] * stride_ym + rows[None, :]
+    bias = 0.0
     if HAS_BIAS:
-        bias = tl.load(b_ptr + rows, mask=rows < N, other=0).to(tl.float32)
+        bias = tl.load(b_ptr + rows, mask=rows < N, other=0).to(tl.float32)[None, :]
     if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += bias[None, :]
-        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=inside)
+        tl.store(out_ptr + at, (acc + bias).to(out_ptr.dtype.element_ty), mask=inside)
     else:
-        tl.store(y_ptr + tl.program_id(1) * stride_ys + at, acc, mask=inside)
-        tl.debug_barrier()
-        tile = tl.program_id(0)
-        if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
-            total = tl.zeros_like(acc)
-            for s in tl.static_range(SPLIT_K):
-                total += tl.load(y_ptr + s * stride_ys + at, mask=inside, other=0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += bias[None, :]
-            tl.store(out_ptr + at, total.to(out_ptr.dtype.element_ty), mask=inside)
-            tl.store(lock_ptr + tile, 0)
+        sum_splits(y_ptr, out_ptr, lock_ptr, acc, at, at, inside, tl.program_id(0), stride_ys, bias, SPLIT_K)
+
+
+@triton.jit
+def sum_splits(
+    y_ptr, out_ptr, lock_ptr, acc, at_ws, at_out, inside, tile, stride_ys, bias, SPLIT_K: tl.constexpr
+):
+    """Split-K without a launch of its own: this split (program_id(1)) stores its fp32 partial tile to
+    the workspace y[split] (offsets at_ws, split stride stride_ys), and the last split of the tile to
+    finish (counted in lock[tile] by an atomic) sums the partials in split order, adds `bias`, writes
+    out (offsets at_out) rounded once to its dtype and resets the counter to 0 for the next launch.
+    The barrier makes this program's partial stores precede its release (the atomic is one thread's);
+    the partials are read through L2 (.cg), where the other programs' stores landed."""
+    tl.store(y_ptr + tl.program_id(1) * stride_ys + at_ws, acc, mask=inside)
+    tl.debug_barrier()
+    if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+        total = tl.zeros_like(acc)
+        for s in tl.static_range(SPLIT_K):
+            total += tl.load(y_ptr + s * stride_ys + at_ws, mask=inside, other=0, cache_modifier=".cg")
+        tl.store(out_ptr + at_out, (total + bias).to(out_ptr.dtype.element_ty), mask=inside)
+        tl.store(lock_ptr + tile, 0)

@@ -20,7 +20,7 @@ Hopper's wgmma may read from registers) and a small M becomes the instruction's 
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import exact_float
+from strata.kernels._bits import exact_float, sum_splits
 from strata.kernels._matvec_kquant import _q4_k_scale_min
 from strata.kernels._matvec_lowbit import IQ2_XS_SIGNS, grid_value, iq2_scale
 
@@ -201,13 +201,15 @@ def _bf16_in_f32(v):
 
 @triton.jit
 def quant_matmul_kernel(
-    x_ptr, y_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+    x_ptr, y_ptr, ws_ptr, lock_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
     M, N, K,
     stride_xm, stride_ym, s0, s1, s2, s3,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr, BF16_AS_F32: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
+    # Under SPLIT_K, program_id(1) is this program's share of the K steps; the partial tiles are summed
+    # by the last split to finish (`sum_splits`, through the (SPLIT_K, M, N) fp32 workspace ws).
     # Grouped order: GROUP_M row tiles sweep the N tiles together, so their W tiles stay in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -232,9 +234,12 @@ def quant_matmul_kernel(
     # The scales are 1- and 2-byte loads, which Triton's pipeliner leaves in the loop (cp.async moves
     # 4 bytes or more), so they are loaded one step ahead by hand. (On an H200 this changed little:
     # decoding, not load latency, is what limits the kernel.)
-    t_first = tl.minimum(groups, last_group)
+    steps = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_lo = tl.program_id(1) * steps * BLOCK_K
+    k_hi = tl.minimum(k_lo + steps * BLOCK_K, K)
+    t_first = tl.minimum(k_lo // 16 + groups, last_group)
     mul, sub = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_first, s0, s1, s2, s3)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         t3 = k0 // 16 + groups
         if EVEN_K:
@@ -263,5 +268,10 @@ def quant_matmul_kernel(
             acc = tl.dot(xt, tl.trans(w), acc, input_precision=PRECISION)
     if SWAP_AB:
         acc = tl.trans(acc)
-    y_ptrs = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+    inside = (rm[:, None] < M) & (rn[None, :] < N)
+    at = rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=inside)
+    else:
+        at_ws = rm.to(tl.int64)[:, None] * N + rn[None, :]
+        sum_splits(ws_ptr, y_ptr, lock_ptr, acc, at_ws, at, inside, pid, M * N, 0.0, SPLIT_K)

@@ -68,6 +68,22 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             )
         planar = q4_k_planar_matvec_kernel
         out.append((f"Q4_K planar {name}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
+    return out + matmul_variants()
+
+
+def matmul_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
+    """The fused matmul at default_config's tiles for 16 rows (the 7B's gate+up swapped, down, and a
+    narrow weight split over K), for Q4_K planar and Q6_K."""
+    from strata.kernels._matmul_quant import quant_matmul_kernel
+
+    out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
+    base = dict(GROUP_M=8, EVEN_K=True, BF16_AS_F32=False, PRECISION=None)
+    pointers = {"y_ptr": "*bf16", "ws_ptr": "*fp32", "p1_ptr": "*u8", "p2_ptr": "*u8", "p3_ptr": "*fp16"}
+    for qtype, p0, p2 in ((112, "*i32", "*u8"), (14, "*u8", "*i8")):
+        for bn, bk, swap, split in ((64, 64, True, 1), (16, 256, False, 1), (16, 128, False, 4)):
+            tile = dict(base, QTYPE=qtype, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, SWAP_AB=swap, SPLIT_K=split)
+            name = f"matmul {qtype} 16x{bn}x{bk} swap={swap} split={split}"
+            out.append((name, quant_matmul_kernel, tile, {**pointers, "p0_ptr": p0, "p2_ptr": p2}))
     return out
 
 

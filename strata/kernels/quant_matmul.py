@@ -9,7 +9,7 @@ and, for 16-bit x, rounded to x's dtype before the tensor-core dot, as dequantiz
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -17,6 +17,7 @@ from gguf.constants import GGMLQuantizationType
 
 from strata.kernels._matmul_quant import kernel_type, quant_matmul_kernel
 from strata.kernels._matvec_lowbit import codebook
+from strata.kernels.quant_matvec import split_locks
 from strata.kernels.quant_pack import PackedQuantWeight
 
 _T = GGMLQuantizationType
@@ -32,7 +33,9 @@ class MatmulConfig:
 
     block_m >= 16 and block_k >= 16 (tl.dot's minimum; W is decoded in groups of 16), all powers of
     two; group_m row tiles share a sweep over the N tiles (L2 reuse of W and x); swap_ab computes
-    y^T = W x^T (see the kernel's docstring), a candidate for small M.
+    y^T = W x^T (see the kernel's docstring), a candidate for small M; split_k programs share each
+    tile's K steps (for weights with too few tiles to fill the GPU), their fp32 partials summed by
+    the last to finish.
     """
 
     block_m: int = 64
@@ -42,6 +45,7 @@ class MatmulConfig:
     num_stages: int = 3
     group_m: int = 8
     swap_ab: bool = False
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "num_warps"):
@@ -53,9 +57,10 @@ class MatmulConfig:
                 raise ValueError(
                     f"MatmulConfig.{name} must be at least 16 (tl.dot), got {getattr(self, name)}"
                 )
-        if self.num_stages < 1 or self.group_m < 1:
+        if self.num_stages < 1 or self.group_m < 1 or self.split_k < 1:
             raise ValueError(
-                f"MatmulConfig.num_stages and group_m must be >= 1, got {self.num_stages}, {self.group_m}"
+                "MatmulConfig.num_stages, group_m and split_k must be >= 1, got "
+                f"{self.num_stages}, {self.group_m}, {self.split_k}"
             )
 
 
@@ -75,11 +80,26 @@ def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int) -> Matmu
         if n >= 16384:
             return MatmulConfig(bm, 64, 64, num_warps=4, num_stages=3, swap_ab=True)
         if k > 8192:
-            return MatmulConfig(bm, 16, 256, num_warps=4, num_stages=3)
-        return MatmulConfig(bm, 16 if m <= 16 else 32, 128, num_warps=4, num_stages=3)
+            cfg = MatmulConfig(bm, 16, 256, num_warps=4, num_stages=3)
+        else:
+            cfg = MatmulConfig(bm, 16 if m <= 16 else 32, 128, num_warps=4, num_stages=3)
+        return replace(cfg, split_k=_splits(m, n, k, cfg))
     if m <= 128:
         return MatmulConfig(128, 64, 128, num_warps=4, num_stages=3)
     return MatmulConfig(256, 128, 64, num_warps=8, num_stages=3)
+
+
+# Programs a launch should have to keep an H200's 132 SMs busy (three to an SM); fewer tiles than
+# this split their K steps, keeping at least MIN_SPLIT_STEPS steps per split.
+TARGET_PROGRAMS = 396
+MIN_SPLIT_STEPS = 4
+
+
+def _splits(m: int, n: int, k: int, cfg: MatmulConfig) -> int:
+    """How many splits of K give a launch of this tile about TARGET_PROGRAMS programs (at most 8)."""
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    by_steps = triton.cdiv(k, cfg.block_k) // MIN_SPLIT_STEPS
+    return max(1, min(8, TARGET_PROGRAMS // tiles, by_steps))
 
 
 def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
@@ -149,13 +169,16 @@ def quant_matmul(
     bf16_as_f32 = x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     precision = "ieee" if x.dtype == torch.float32 or bf16_as_f32 else None
     planes, strides = _kernel_args(w)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+    split = cfg.split_k > 1
+    ws = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else out
+    locks = split_locks(x.device, grid[0] if split else 1)  # unread without split-K
     quant_matmul_kernel[grid](
-        x, out, *planes, m, n, k, x.stride(0), out.stride(0), *strides,
+        x, out, ws, locks, *planes, m, n, k, x.stride(0), out.stride(0), *strides,
         QTYPE=kernel_type(int(w.qtype), w.layout),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, EVEN_K=k % cfg.block_k == 0, BF16_AS_F32=bf16_as_f32,
-        PRECISION=precision,
+        PRECISION=precision, SPLIT_K=cfg.split_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # No FMA contraction: d * q - dmin * mn must round as dequantize rounds it.
         enable_fp_fusion=False,
