@@ -187,6 +187,8 @@ def test_default_config_splits_k_of_narrow_weights():
     assert default_config(T.Q4_K, 64, 3584, 3584).split_k == 3
     assert default_config(T.Q6_K, 16, 512, 3584).split_k == 7
     assert default_config(T.Q4_K, 16, 37888, 3584).split_k == 1
+    assert default_config(T.Q4_K, 16, 3584, 18944).split_k == 4  # down: long K
+    assert default_config(T.Q4_K, 64, 3584, 18944).split_k == 1
 
 
 def test_errors_name_the_problem():

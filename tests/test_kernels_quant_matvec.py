@@ -100,7 +100,9 @@ def check(
     bound = x.double().abs() @ w.abs().T
     packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
-    y = quant_matvec(x.to(DEVICE), packed, qtype, n, k, out=out, config=config)
+    # The fp32-product kernels (16-bit x of STRATA_INT8_X's types goes int8 by default: check_int8).
+    exact = replace(config or default_config(qtype, m, n, k), int8_x=False)
+    y = quant_matvec(x.to(DEVICE), packed, qtype, n, k, out=out, config=exact)
     assert y is out
     y = y.cpu().double()
     assert torch.isfinite(y).all(), f"{qtype.name}: non-finite outputs remain (poisoned with NaN)"

@@ -71,18 +71,19 @@ def default_config(qtype: GGMLQuantizationType, m: int, n: int, k: int) -> Matmu
     Up to 64 rows: one row tile as small as tl.dot allows (decoding W, not the tensor cores, is the
     limit). Wide weights (n >= 16,384: gate+up, the output head) take 64-row W tiles with K steps of
     64 and W as wgmma's register operand (swap_ab; 7B gate+up 1.58x at 16 rows, 1.17x at 64);
-    long-K ones (k > 8,192: down) 16-row W tiles with K steps of 256 (1.07x, 1.10x); the rest keep
-    narrow W tiles. Above 64 rows: 128 and then 256 rows per program with 8 warps, since each decoded W
-    tile is reused by every row of the tile.
+    long-K ones (k > 8,192: down) 16-row W tiles with K steps of 256 (1.07x, 1.10x), K split in 4 up
+    to 16 rows (1.17x for Q4_K, 1.09x for Q6_K; none at 64); the rest keep narrow W tiles, K split
+    when they have too few tiles to fill the GPU (`_splits`; the 7B's v and o at 64 rows). Above 64
+    rows: 128 and then 256 rows per program with 8 warps, since each decoded W tile is reused by
+    every row of the tile.
     """
     if m <= 64:
         bm = max(16, triton.next_power_of_2(m))
         if n >= 16384:
             return MatmulConfig(bm, 64, 64, num_warps=4, num_stages=3, swap_ab=True)
         if k > 8192:
-            cfg = MatmulConfig(bm, 16, 256, num_warps=4, num_stages=3)
-        else:
-            cfg = MatmulConfig(bm, 16 if m <= 16 else 32, 128, num_warps=4, num_stages=3)
+            return MatmulConfig(bm, 16, 256, num_warps=4, num_stages=3, split_k=4 if m <= 16 else 1)
+        cfg = MatmulConfig(bm, 16 if m <= 16 else 32, 128, num_warps=4, num_stages=3)
         return replace(cfg, split_k=_splits(m, n, k, cfg))
     if m <= 128:
         return MatmulConfig(128, 64, 128, num_warps=4, num_stages=3)
