@@ -50,7 +50,8 @@ def kernel_row_limits() -> tuple[int, int]:
     (strata.layers.linear). Knobs for measuring the crossovers (`strata bench ab` arm options); the
     defaults are the measured ones (H200, 2026-12-04, benchmarks/RESULTS.md): on the 7B, 4 rows ran
     faster through the matvec (matmul 0.91x), 8 and 16 through the matmul (2.08x, 4.16x), and 64
-    through cuBLAS (the matmul 0.96x)."""
+    through cuBLAS (the matmul 0.96x then; since its tiles by shape, wide weights such as gate+up keep
+    the matmul at 64 rows: `strata.layers.linear.WIDE_ROWS`)."""
     limits = []
     for name, default in (("STRATA_MATVEC_ROWS", 4), ("STRATA_DENSE_ROWS", 64)):
         value = os.environ.get(name, "") or str(default)
