@@ -88,12 +88,9 @@ class Row:
     flops: float
 
 
-def configs(
-    qtype: GGMLQuantizationType, m: int, n: int, k: int, wide: bool = False, planar: bool = False
-) -> list[MatmulConfig]:
+def configs(qtype: GGMLQuantizationType, m: int, n: int, k: int, wide: bool = False) -> list[MatmulConfig]:
     """The default and the alternatives it was chosen from; `wide` (for M <= 64) adds a grid of W tile
-    widths, K steps and warps in both operand orders; `planar` (a Q4_K weight in the planar layout)
-    each of them again with `planar_masks`."""
+    widths, K steps and warps in both operand orders."""
     base = default_config(qtype, m, n, k)
     if m <= 64 and wide:
         bm = base.block_m
@@ -125,17 +122,13 @@ def configs(
         ]
     if m <= 64:  # K split in 1-8 at the default tile (the default picks one by the tile count)
         alts += [replace(base, split_k=s) for s in (1, 2, 4, 8)]
-    out = [base] + [c for c in alts if c != base]
-    if planar and k % 256 == 0:  # Q4_K planar: each tile also with nibbles masked in place
-        out += [replace(c, planar_masks=True) for c in out if c.block_k <= 256]
-    return out
+    return [base] + [c for c in alts if c != base]
 
 
 def cfg_name(c: MatmulConfig) -> str:
     swap = " swap" if c.swap_ab else ""
     split = f" split{c.split_k}" if c.split_k > 1 else ""
-    masks = " masks" if c.planar_masks else ""
-    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}{swap}{split}{masks}"
+    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}{swap}{split}"
 
 
 def bench_us(fn: Callable[[], object], small: bool) -> float:
@@ -174,7 +167,7 @@ def run_case(name: str, n: int, k: int, qtype: GGMLQuantizationType, env: Env) -
         if m <= 16:
             matvec_us = bench_us(partial(quant_matvec, x, packed, qtype, n, k), env.small)
         best: Row | None = None
-        for cfg in configs(qtype, m, n, k, env.wide, packed.layout == "planar"):
+        for cfg in configs(qtype, m, n, k, env.wide):
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
             quant_matmul(x, packed, out=out, config=cfg)
             rel = (

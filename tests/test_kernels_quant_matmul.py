@@ -117,39 +117,6 @@ def test_decoded_weights_are_exact(qtype, dtype: torch.dtype):
     assert torch.equal(y.cpu(), expected)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("swap_ab", [False, True])
-def test_planar_masks_decode_the_same_weights(monkeypatch, dtype: torch.dtype, swap_ab: bool):
-    # x = I: every output is one decoded weight, which must equal dequantize's bit for bit.
-    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
-    n, k = 24, 512
-    raw = random_weight(T.Q4_K, n, k, seed=4)
-    packed = pack_quant_weight(raw.to(DEVICE), T.Q4_K, n, k)
-    cfg = MatmulConfig(64, 16, 128, swap_ab=swap_ab, planar_masks=True)
-    y = quant_matmul(torch.eye(k, dtype=dtype, device=DEVICE), packed, config=cfg)
-    assert torch.equal(y.cpu(), dequantize(raw, T.Q4_K, (n, k)).to(dtype).T)
-
-
-@pytest.mark.parametrize("cfg", [
-    MatmulConfig(16, 32, 64, group_m=1, planar_masks=True),
-    MatmulConfig(16, 64, 64, swap_ab=True, planar_masks=True),
-    MatmulConfig(16, 32, 128, split_k=3, planar_masks=True),
-], ids=["plain", "swap", "split"])  # fmt: skip
-def test_planar_masks_match_reference(monkeypatch, cfg: MatmulConfig):
-    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
-    check(T.Q4_K, 20, 72, 768, torch.bfloat16, cfg)
-
-
-def test_planar_masks_need_planar_whole_steps():
-    raw = random_weight(T.Q4_K, 8, 768, seed=2).to(DEVICE)
-    x = torch.randn(4, 768, device=DEVICE)
-    blocks, planar = (pack_quant_weight(raw, T.Q4_K, 8, 768, layout) for layout in ("blocks", "planar"))
-    with pytest.raises(ValueError, match="planar_masks needs a Q4_K weight in the planar layout"):
-        quant_matmul(x, blocks, config=MatmulConfig(planar_masks=True))
-    with pytest.raises(ValueError, match="k a multiple of block_k=512"):
-        quant_matmul(x, planar, config=MatmulConfig(16, 16, 512, planar_masks=True))
-
-
 @pytest.mark.parametrize("qtype", [T.IQ2_XS, T.IQ2_S], ids=lambda t: t.name)
 def test_every_codebook_entry_is_exact(qtype: GGMLQuantizationType):
     raw, n, k = codebook_weight(qtype, seed=17)

@@ -192,49 +192,6 @@ def _planar_quants(
 
 
 @triton.jit
-def _planar_scales(p1_ptr, p2_ptr, p3_ptr, rc, first_sub, last_sub, s1, s2, s3, NS: tl.constexpr):
-    """Q4_K planar: (mul, sub) of sub-blocks first_sub .. (clamped to last_sub) of rows rc, each
-    (BLOCK_N, NS, 1, 1): once per 32 elements, where `_group_scales` loads them per 16."""
-    sb = tl.minimum(first_sub + tl.arange(0, NS), last_sub)[None, :]
-    dm = p3_ptr + rc[:, None] * s3 + (sb // 8) * 2
-    mul = tl.load(dm).to(tl.float32) * exact_float(tl.load(p1_ptr + rc[:, None] * s1 + sb).to(tl.int32), 0)
-    sub = tl.load(dm + 1).to(tl.float32) * exact_float(
-        tl.load(p2_ptr + rc[:, None] * s2 + sb).to(tl.int32), 0
-    )
-    return mul[:, :, None, None], sub[:, :, None, None]
-
-
-@triton.jit
-def _planar_half(words, mul, sub, H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Q4_K planar: the decoded float32 weights of half H of every sub-block (its elements 16H ..
-    16H + 15) from the sub-blocks' words (BLOCK_N, NS, 1, 4), as (BLOCK_N, BLOCK_K // 2) in K order;
-    the same values as `mul * _planar_quants(...) - sub`, with no shift per element: nibble i = 4H + j
-    of word r (element 4i + r) is masked in place as q * 16^j (one shift per word, for H = 1), exactly
-    a float after `exact_float`, and scaled by mul * 16^-j (a power of two: the product rounds as
-    mul * q does)."""
-    j = tl.arange(0, 4)[None, None, :, None]
-    half = words >> 16 if H == 1 else words
-    q = exact_float(half & (15 << (4 * j)), 0)  # (BLOCK_N, NS, 4, 4): [j, r]
-    inv = ((127 - 4 * j) << 23).to(tl.float32, bitcast=True)  # 16^-j
-    return tl.reshape((mul * inv) * q - sub, (BLOCK_N, BLOCK_K // 2))
-
-
-@triton.jit
-def _dot(xt, w, acc, SWAP_AB: tl.constexpr, BF16_AS_F32: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + xt @ w^T (or its transpose, under SWAP_AB) for float32 w, rounded to x's dtype first."""
-    if BF16_AS_F32:
-        xt = xt.to(tl.float32)
-        w = _bf16_in_f32(w)
-    else:
-        w = w.to(xt.dtype)
-    if SWAP_AB:
-        acc = tl.dot(w, tl.trans(xt), acc, input_precision=PRECISION)
-    else:
-        acc = tl.dot(xt, tl.trans(w), acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
 def _bf16_in_f32(v):
     """v rounded to the nearest bf16 (ties to even), kept as float32; finite v only."""
     u = v.to(tl.int32, bitcast=True)
@@ -249,7 +206,7 @@ def quant_matmul_kernel(
     stride_xm, stride_ym, s0, s1, s2, s3,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr, BF16_AS_F32: tl.constexpr,
-    PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, PLANAR_MASKS: tl.constexpr = False,
+    PRECISION: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     # Under SPLIT_K, program_id(1) is this program's share of the K steps; the partial tiles are summed
     # by the last split to finish (`sum_splits`, through the (SPLIT_K, M, N) fp32 workspace ws).
@@ -281,48 +238,34 @@ def quant_matmul_kernel(
     k_lo = tl.program_id(1) * steps * BLOCK_K
     k_hi = tl.minimum(k_lo + steps * BLOCK_K, K)
     t_first = tl.minimum(k_lo // 16 + groups, last_group)
-    if PLANAR_MASKS:
-        mul, sub = _planar_scales(
-            p1_ptr, p2_ptr, p3_ptr, rc, k_lo // 32, K // 32 - 1, s1, s2, s3, BLOCK_K // 32
-        )
-    else:
-        mul, sub = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_first, s0, s1, s2, s3)
+    mul, sub = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_first, s0, s1, s2, s3)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if PLANAR_MASKS:
-            # Q4_K planar with whole sub-blocks per step (the launcher checks K % BLOCK_K == 0): two
-            # dots, one per half of every sub-block, each half decoded in its own K order.
-            NS: tl.constexpr = BLOCK_K // 32
-            sb = k0 // 32 + tl.arange(0, NS)
-            at = p0_ptr + rc[:, None, None, None] * s0 + 4 * sb[None, :, None, None]
-            words = tl.load(at + tl.arange(0, 4)[None, None, None, :])  # (BLOCK_N, NS, 1, 4)
-            halves = 32 * sb[:, None] + tl.arange(0, 16)[None, :]  # (NS, 16): elements of half 0
-            x0 = tl.reshape(tl.load(x_rows[:, :, None] + halves[None, :, :]), (BLOCK_M, BLOCK_K // 2))
-            x1 = tl.reshape(tl.load(x_rows[:, :, None] + 16 + halves[None, :, :]), (BLOCK_M, BLOCK_K // 2))
-            w0 = _planar_half(words, mul, sub, 0, BLOCK_N, BLOCK_K)
-            w1 = _planar_half(words, mul, sub, 1, BLOCK_N, BLOCK_K)
-            mul, sub = _planar_scales(p1_ptr, p2_ptr, p3_ptr, rc, k0 // 32 + NS, K // 32 - 1, s1, s2, s3, NS)
-            acc = _dot(x0, w0, acc, SWAP_AB, BF16_AS_F32, PRECISION)
-            acc = _dot(x1, w1, acc, SWAP_AB, BF16_AS_F32, PRECISION)
+        kk = k0 + tl.arange(0, BLOCK_K)
+        t3 = k0 // 16 + groups
+        if EVEN_K:
+            xt = tl.load(x_rows + kk[None, :])
         else:
-            kk = k0 + tl.arange(0, BLOCK_K)
-            t3 = k0 // 16 + groups
-            if EVEN_K:
-                xt = tl.load(x_rows + kk[None, :])
-            else:
-                # Groups past K repeat the last one (finite, valid bytes) and meet x = 0.
-                xt = tl.load(x_rows + kk[None, :], mask=kk[None, :] < K, other=0)
-                t3 = tl.minimum(t3, last_group)
-            if QTYPE == Q4_K_PLANAR:
-                q = _planar_quants(p0_ptr, rc, k0 // 32, K // 32 - 1, s0, BLOCK_N, BLOCK_K)
-            else:
-                q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
-            t_next = tl.minimum(k0 // 16 + NT + groups, last_group)
-            mul_next, sub_next = _group_scales(
-                QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_next, s0, s1, s2, s3
-            )
-            w = mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR else mul * q  # noqa: SIM109
-            mul, sub = mul_next, sub_next
-            acc = _dot(xt, tl.reshape(w, (BLOCK_N, BLOCK_K)), acc, SWAP_AB, BF16_AS_F32, PRECISION)
+            # Groups past K repeat the last one (finite, valid bytes) and meet x = 0.
+            xt = tl.load(x_rows + kk[None, :], mask=kk[None, :] < K, other=0)
+            t3 = tl.minimum(t3, last_group)
+        if QTYPE == Q4_K_PLANAR:
+            q = _planar_quants(p0_ptr, rc, k0 // 32, K // 32 - 1, s0, BLOCK_N, BLOCK_K)
+        else:
+            q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
+        t_next = tl.minimum(k0 // 16 + NT + groups, last_group)
+        mul_next, sub_next = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_next, s0, s1, s2, s3)
+        w = mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR else mul * q  # noqa: SIM109
+        mul, sub = mul_next, sub_next
+        w = tl.reshape(w, (BLOCK_N, BLOCK_K))
+        if BF16_AS_F32:
+            xt = xt.to(tl.float32)
+            w = _bf16_in_f32(w)
+        else:
+            w = w.to(x_ptr.dtype.element_ty)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(xt), acc, input_precision=PRECISION)
+        else:
+            acc = tl.dot(xt, tl.trans(w), acc, input_precision=PRECISION)
     if SWAP_AB:
         acc = tl.trans(acc)
     inside = (rm[:, None] < M) & (rn[None, :] < N)

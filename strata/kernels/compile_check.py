@@ -73,7 +73,7 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
 def matmul_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     """The fused matmul at default_config's tiles for 16 rows (the 7B's gate+up swapped, down, and a
-    narrow weight split over K), for Q4_K planar (also with planar_masks) and Q6_K."""
+    narrow weight split over K), for Q4_K planar and Q6_K."""
     from strata.kernels._matmul_quant import quant_matmul_kernel
 
     out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
@@ -81,11 +81,9 @@ def matmul_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]
     pointers = {"y_ptr": "*bf16", "ws_ptr": "*fp32", "p1_ptr": "*u8", "p2_ptr": "*u8", "p3_ptr": "*fp16"}
     for qtype, p0, p2 in ((112, "*i32", "*u8"), (14, "*u8", "*i8")):
         for bn, bk, swap, split in ((64, 64, True, 1), (16, 256, False, 1), (16, 128, False, 4)):
-            for masks in (False, True) if qtype == 112 else (False,):
-                tile = dict(base, QTYPE=qtype, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, SWAP_AB=swap)
-                tile.update(SPLIT_K=split, PLANAR_MASKS=masks)
-                name = f"matmul {qtype} 16x{bn}x{bk} swap={swap} split={split} planar_masks={masks}"
-                out.append((name, quant_matmul_kernel, tile, {**pointers, "p0_ptr": p0, "p2_ptr": p2}))
+            tile = dict(base, QTYPE=qtype, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, SWAP_AB=swap, SPLIT_K=split)
+            name = f"matmul {qtype} 16x{bn}x{bk} swap={swap} split={split}"
+            out.append((name, quant_matmul_kernel, tile, {**pointers, "p0_ptr": p0, "p2_ptr": p2}))
     return out
 
 

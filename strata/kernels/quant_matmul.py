@@ -35,9 +35,7 @@ class MatmulConfig:
     two; group_m row tiles share a sweep over the N tiles (L2 reuse of W and x); swap_ab computes
     y^T = W x^T (see the kernel's docstring), a candidate for small M; split_k programs share each
     tile's K steps (for weights with too few tiles to fill the GPU), their fp32 partials summed by
-    the last to finish. planar_masks (Q4_K planar, K a multiple of block_k; opt-in until timed) decodes
-    nibbles by masking them in place instead of shifting each one: the same weights, about 16 % fewer
-    instructions per K step in the compiled swapped tiles, in two dots per step.
+    the last to finish.
     """
 
     block_m: int = 64
@@ -48,7 +46,6 @@ class MatmulConfig:
     group_m: int = 8
     swap_ab: bool = False
     split_k: int = 1
-    planar_masks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "num_warps"):
@@ -172,11 +169,6 @@ def quant_matmul(
     # gives the same (exact) products.
     bf16_as_f32 = x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     precision = "ieee" if x.dtype == torch.float32 or bf16_as_f32 else None
-    if cfg.planar_masks and (w.layout != "planar" or k % cfg.block_k):
-        raise ValueError(
-            f"MatmulConfig.planar_masks needs a Q4_K weight in the planar layout and k a multiple of "
-            f"block_k={cfg.block_k}; got {w.qtype.name} ({w.layout}) with k={k}"
-        )
     planes, strides = _kernel_args(w)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     split = cfg.split_k > 1
@@ -187,7 +179,7 @@ def quant_matmul(
         QTYPE=kernel_type(int(w.qtype), w.layout),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, EVEN_K=k % cfg.block_k == 0, BF16_AS_F32=bf16_as_f32,
-        PRECISION=precision, SPLIT_K=cfg.split_k, PLANAR_MASKS=cfg.planar_masks,
+        PRECISION=precision, SPLIT_K=cfg.split_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # No FMA contraction: d * q - dmin * mn must round as dequantize rounds it.
         enable_fp_fusion=False,
