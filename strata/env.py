@@ -67,6 +67,17 @@ def kernel_row_limits() -> tuple[int, int]:
     return matvec, dense
 
 
+def act_in_quant() -> bool:
+    """STRATA_ACT_IN_QUANT=1: on the GPU kernel path, a gated activation (SwiGLU, GeGLU) feeding an
+    int8 matvec (decode's down projection) is computed inside x's int8 quantization, the same values
+    bit for bit, instead of by a launch of its own (one launch fewer per layer and step). Off (0) by
+    default until timed on the GPU."""
+    value = os.environ.get("STRATA_ACT_IN_QUANT", "") or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"STRATA_ACT_IN_QUANT={value!r} must be 0 or 1; unset it for 0")
+    return value == "1"
+
+
 INT8_X_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
 
 

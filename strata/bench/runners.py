@@ -51,6 +51,7 @@ _ENV_OPTIONS = {
     "matvec_rows": "STRATA_MATVEC_ROWS",
     "dense_rows": "STRATA_DENSE_ROWS",
     "int8_x": "STRATA_INT8_X",  # types joined by "+", e.g. int8_x=Q4_K+Q6_K
+    "act_in_quant": "STRATA_ACT_IN_QUANT",
 }
 
 

@@ -9,15 +9,24 @@ holds elements 4j .. 4j + 3, byte b element 4j + b), which the byte-per-weight t
 import triton
 import triton.language as tl
 
+from strata.kernels.activation import gated_value
+
 
 @triton.jit
-def quantize_x_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, NSB: tl.constexpr, PLANAR: tl.constexpr):
-    """Program (m, j) quantizes sub-blocks j * NSB .. of row m."""
+def quantize_x_kernel(
+    x_ptr, up_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, stride_um,
+    NSB: tl.constexpr, PLANAR: tl.constexpr, ACT: tl.constexpr = 0,
+):  # fmt: skip
+    """Program (m, j) quantizes sub-blocks j * NSB .. of row m. ACT 1 (silu) or 2 (gelu_tanh): the row
+    quantized is act(x) * up, rounded to x's dtype as `strata.kernels.activation` stores it."""
     m = tl.program_id(0)
     s = tl.program_id(1) * NSB + tl.arange(0, NSB)
     sv = s < K // 32
     e = tl.arange(0, 32)
     x = tl.load(x_ptr + m * stride_xm + s[:, None] * 32 + e[None, :], mask=sv[:, None], other=0)
+    if ACT != 0:
+        u = tl.load(up_ptr + m * stride_um + s[:, None] * 32 + e[None, :], mask=sv[:, None], other=0)
+        x = gated_value(x.to(tl.float32), u.to(tl.float32), ACT == 2).to(x_ptr.dtype.element_ty)
     x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), 1)
     # Correctly rounded divisions (the GPU's default fp32 `/` is approximate), so that the interpreter

@@ -14,6 +14,21 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def gated_value(g, u, GELU: tl.constexpr):
+    """act(g) * u in float32 for float32 g, u: silu, or gelu_tanh with GELU. Callers launch without FMA
+    contraction, so that every kernel computing it (this module's, `_int8_x`'s) rounds alike."""
+    if GELU:
+        # 0.5 * g * (1 + tanh(z)) == g * sigmoid(2z), z = sqrt(2/pi) * (g + 0.044715 g^3); the sigmoid
+        # form has no cancellation for g << 0 and needs no tanh (not in Triton's stable tl API).
+        # 1.5957691216057308 is 2 * sqrt(2 / pi).
+        z2 = 1.5957691216057308 * (g + 0.044715 * g * g * g)
+        act = g / (1.0 + tl.exp(-z2))
+    else:
+        act = g / (1.0 + tl.exp(-g))
+    return act * u
+
+
+@triton.jit
 def _gated_act_kernel(
     gate_ptr, up_ptr, out_ptr,
     F,
@@ -25,15 +40,11 @@ def _gated_act_kernel(
     mask = cols < F
     g = tl.load(gate_ptr + t * stride_gt + cols * stride_gf, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + t * stride_ut + cols * stride_uf, mask=mask, other=0.0).to(tl.float32)
-    if GELU:
-        # 0.5 * g * (1 + tanh(z)) == g * sigmoid(2z), z = sqrt(2/pi) * (g + 0.044715 g^3); the sigmoid
-        # form has no cancellation for g << 0 and needs no tanh (not in Triton's stable tl API).
-        # 1.5957691216057308 is 2 * sqrt(2 / pi).
-        z2 = 1.5957691216057308 * (g + 0.044715 * g * g * g)
-        act = g / (1.0 + tl.exp(-z2))
-    else:
-        act = g / (1.0 + tl.exp(-g))
-    tl.store(out_ptr + t * stride_ot + cols * stride_of, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + t * stride_ot + cols * stride_of,
+        gated_value(g, u, GELU).to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu: bool) -> torch.Tensor:
@@ -61,7 +72,7 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu:
     block = min(1024, triton.next_power_of_2(width))
     _gated_act_kernel[(num_tokens, triton.cdiv(width, block))](
         gate, up, out, width, *gate.stride(), *up.stride(), *out.stride(),
-        BLOCK=block, GELU=gelu, num_warps=4 if block >= 512 else 1,
+        BLOCK=block, GELU=gelu, num_warps=4 if block >= 512 else 1, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 

@@ -34,7 +34,11 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
     out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
     for planar in (False, True):
-        out.append((f"quantize_x planar={planar}", quantize_x_kernel, {"NSB": 32, "PLANAR": planar}, {}))
+        for act in (0, 1, 2):
+            consts = {"NSB": 32, "PLANAR": planar, "ACT": act}
+            out.append(
+                (f"quantize_x planar={planar} act={act}", quantize_x_kernel, consts, {"up_ptr": "*bf16"})
+            )
     u8 = {n: "*u8" for n in ("w_ptr", "ql_ptr", "qh_ptr", "qs_ptr")}
     u8q5 = {**u8, "qh_ptr": "*i32"}
     for m, m_pad, split in ((1, 1, 1), (3, 4, 2)):

@@ -30,6 +30,7 @@ from strata.kernels._matvec_lowbit import (
 from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
 from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
 from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
+from strata.kernels.activation import gelu_tanh_mul, silu_mul
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 
 _T = GGMLQuantizationType
@@ -158,10 +159,15 @@ def quant_matvec(
     out: torch.Tensor | None = None,
     config: MatvecConfig | None = None,
     bias: torch.Tensor | None = None,
+    up: torch.Tensor | None = None,
+    act: str = "silu",
 ) -> torch.Tensor:
     """y = x @ W^T (+ bias) for x (M, k) and a GGUF-quantized W (n, k); returns y (M, n) in x's dtype.
 
     `bias` (n,), any float dtype, is added to the fp32 sums before their one rounding to y's dtype.
+    With `up` (like x), the input is the gated activation act(x) * up (`act` "silu" or "gelu_tanh", the
+    values of `strata.kernels.activation`): computed inside x's int8 quantization where the int8 path
+    runs (no launch of its own), else by that module first.
 
     `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
     `PackedQuantWeight` from `pack_quant_weight` (pack once at load). `out`, when given, is written in
@@ -181,6 +187,8 @@ def quant_matvec(
         packed = pack_quant_weight(w, qtype, n, k)
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must be (M, {k}) for a weight with k={k}, got {tuple(x.shape)}")
+    if up is not None:
+        _check_gated(x, up, act)
     m = x.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"x has {m} rows; the fused matvec takes 1 to {MAX_M} (use a GEMM path for more)")
@@ -224,6 +232,8 @@ def quant_matvec(
             f"Q5_0, not {qtype.name} ({packed.layout})"
         )
     int8_x = by_default if cfg.int8_x is None else cfg.int8_x
+    if up is not None and not int8_x:
+        x, up = gated_act(x, up, act), None
     if int8_x and cfg.prefetch:
         raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
     if cfg.rows_at_once and not (int8_x and planar):
@@ -247,7 +257,8 @@ def quant_matvec(
     dest = (ws, out, locks, out if bias is None else bias)
     tensors, strides = _kernel_args(packed)
     if int8_x:
-        _int8_matvec(qtype, x, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg)
+        xq = quantize_x(x, planar=planar, up=up, act=act)
+        _int8_matvec(qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg)
     else:
         kernel[grid](
             x, *dest, *tensors, n, k, x.stride(0), stride_ys, out.stride(0), *strides,
@@ -258,6 +269,23 @@ def quant_matvec(
 
 
 _LOCKS: dict[torch.device, list[torch.Tensor]] = {}
+# quantize_x_kernel's ACT for each gated activation.
+_ACTS = {"silu": 1, "gelu_tanh": 2}
+
+
+def _check_gated(x: torch.Tensor, up: torch.Tensor, act: str) -> None:
+    if act not in _ACTS:
+        raise ValueError(f"act must be one of {', '.join(_ACTS)}, got {act!r}")
+    if up.shape != x.shape or up.dtype != x.dtype or up.device != x.device or up.stride(1) != 1:
+        raise ValueError(
+            f"up must be a {tuple(x.shape)} {x.dtype} tensor on {x.device} with contiguous rows like x, "
+            f"got {tuple(up.shape)} {up.dtype} on {up.device} with strides {up.stride()}"
+        )
+
+
+def gated_act(x: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """act(x) * up by `strata.kernels.activation`'s kernel, in x's dtype."""
+    return silu_mul(x, up) if act == "silu" else gelu_tanh_mul(x, up)
 
 
 def split_locks(device: torch.device, tiles: int) -> torch.Tensor:
@@ -271,25 +299,30 @@ def split_locks(device: torch.device, tiles: int) -> torch.Tensor:
     return sets[-1]
 
 
-def quantize_x(x: torch.Tensor, planar: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_x(
+    x: torch.Tensor, planar: bool = True, up: torch.Tensor | None = None, act: str = "silu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(M, K) x -> per 32-element sub-block: int8 values packed four to a word as the int8 matvecs
     read them, (M, K / 4) int32 (in Q4_K planar order, or with `planar` off in element order), their
-    scale max|x| / 127 and the fp32 sum of x, both (M, K / 32)."""
+    scale max|x| / 127 and the fp32 sum of x, both (M, K / 32). With `up`, the row quantized is
+    act(x) * up (see quant_matvec), computed in the same launch."""
     m, subs = x.shape[0], x.shape[1] // 32
     xq = torch.empty(m, subs * 8, dtype=torch.int32, device=x.device)
     xd = torch.empty(m, subs, dtype=torch.float32, device=x.device)
     xs = torch.empty(m, subs, dtype=torch.float32, device=x.device)
     # No FMA contraction: x * (127 / max) + 0.5 must round twice, as the interpreter and tests do.
     grid = (m, triton.cdiv(subs, 32))
+    gate_up = x if up is None else up  # without `up` the kernel never reads it
     quantize_x_kernel[grid](
-        x, xq, xd, xs, x.shape[1], x.stride(0), NSB=32, PLANAR=planar, enable_fp_fusion=False
-    )
+        x, gate_up, xq, xd, xs, x.shape[1], x.stride(0), gate_up.stride(0),
+        NSB=32, PLANAR=planar, ACT=0 if up is None else _ACTS[act], enable_fp_fusion=False,
+    )  # fmt: skip
     return xq, xd, xs
 
 
 def _int8_matvec(
     qtype: GGMLQuantizationType,
-    x: torch.Tensor,
+    x_int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     has_bias: bool,
     planes: list[torch.Tensor],
@@ -300,15 +333,15 @@ def _int8_matvec(
     stride_ys: int,
     cfg: MatvecConfig,
 ) -> None:
-    """x quantized to int8 per 32 elements (one launch), then the dp4a matvec; `dest` is the kernels'
-    (workspace, out, split locks, bias) arguments."""
-    m, stride_ym = x.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
-    xq, xd, xs = quantize_x(x, planar=qtype == _T.Q4_K)
+    """The dp4a matvec of x quantized by `quantize_x` (`x_int8`); `dest` is the kernels' (workspace,
+    out, split locks, bias) arguments."""
+    xq, xd, xs = x_int8
+    m, stride_ym = xq.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
     common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, num_warps=cfg.num_warps,
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
-        USE_ASM=x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
+        USE_ASM=xq.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
     )  # fmt: skip
     # The quant planes as int32 words (each row a whole number of words); scales and d as they are.
     if qtype == _T.Q6_K:

@@ -12,6 +12,7 @@ from torch import nn
 
 from strata import env
 from strata.gguf.reader import GGUFFile
+from strata.layers.activation import gated
 from strata.layers.placement import Placement
 from strata.parallel.group import all_reduce
 from strata.parallel.shard import part_of, shard_bias, shard_matrix, split_of
@@ -57,6 +58,7 @@ class QuantLinear(nn.Module):
         columns (left, right) added around each input; `shape` counts them."""
         super().__init__()
         self.qtype, self.tp, self.all_reduce, self.pad = qtype, place.tp, all_reduce, pad
+        self.kernels = place.kernels
         self.out_features, self.in_features = shape
         self.packed: PackedQuantWeight | None = None
         self.weight: nn.Parameter | None = None
@@ -72,6 +74,7 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.to(place.device, place.dtype), False)
         # Read once per layer, not per call (the measured crossovers: strata.env.kernel_row_limits).
         self.matvec_rows, self.dense_rows = env.kernel_row_limits()
+        self.act_in_quant = env.act_in_quant()
         if self.out_features >= WIDE_ROWS:
             # A wide weight takes the fused matmul at DENSE_ROWS rows too (H200, 7B, 64 rows: gate+up
             # 1.67x, the output head 1.32x faster than dequantize + cuBLAS; 128 rows 0.93x, 0.85x).
@@ -96,14 +99,21 @@ class QuantLinear(nn.Module):
         bias = shard_bias(bias, split, part, place.tp)
         return cls(raw, info.qtype, shape, place, bias, all_reduce=split == "in", pad=part.pad)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, up: torch.Tensor | None = None, act: str = "silu") -> torch.Tensor:
+        """x W^T + b; with `up`, of the gated activation act(x) * up (`act` "silu" or "gelu_tanh"), which
+        the matvec computes inside x's int8 quantization where it can (`strata.env.act_in_quant`)."""
+        rows = x.numel() // max(1, x.shape[-1])
+        if up is not None and not (
+            self.act_in_quant and self.packed is not None and self.pad is None and rows <= self.matvec_rows
+        ):
+            x, up = gated(act, x, up, self.kernels), None
         if self.pad is not None:
             x = F.pad(x, self.pad)  # (..., in_features): this rank's columns in its window, zeros around
-        y = self._partial(x)
+        y = self._partial(x, up, act)
         return all_reduce(y, self.tp) if self.all_reduce else y
 
-    def _partial(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T + b with this rank's W (all of it on one rank)."""
+    def _partial(self, x: torch.Tensor, up: torch.Tensor | None = None, act: str = "silu") -> torch.Tensor:
+        """x W^T + b with this rank's W (all of it on one rank); `up` only on the matvec's rows."""
         if self.packed is None:
             assert self.weight is not None
             return F.linear(x, self.weight, self.bias)
@@ -112,7 +122,8 @@ class QuantLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] <= self.matvec_rows:
             n, k = self.out_features, self.in_features
-            y = quant_matvec(flat, self.packed, self.qtype, n, k, bias=self.bias)
+            gate_up = None if up is None else up.reshape(-1, self.in_features)
+            y = quant_matvec(flat, self.packed, self.qtype, n, k, bias=self.bias, up=gate_up, act=act)
         elif flat.shape[0] < self.dense_rows:
             from strata.kernels.quant_matmul import quant_matmul
 

@@ -8,7 +8,6 @@ from torch import nn
 from strata.engine.kv_cache import AttentionMetadata, KVCache
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
-from strata.layers.activation import gated
 from strata.layers.attention import Attention
 from strata.layers.linear import Projections, QuantLinear
 from strata.layers.norm import RMSNorm
@@ -44,7 +43,6 @@ class Gemma3Block(nn.Module):
         self.attn = Attention(
             layer, self.num_heads, self.num_kv_heads, spec.attn_scale, window, rotary, place.kernels
         )
-        self.fused = place.kernels
 
     def forward(
         self, x: torch.Tensor, delta: torch.Tensor | None, kv: KVCache, meta: AttentionMetadata
@@ -59,7 +57,7 @@ class Gemma3Block(nn.Module):
         attn = self.post_attention_norm(self.attn_output(self.attn(q, k, v, kv, meta)))
         h, x = self.ffn_norm.add_and_norm(attn, x)
         gate, up = self.gate_up(h)
-        return x, self.post_ffw_norm(self.ffn_down(gated("gelu_tanh", gate, up, self.fused)))
+        return x, self.post_ffw_norm(self.ffn_down(gate, up, "gelu_tanh"))
 
 
 class Gemma3Model(DecoderModel):

@@ -8,7 +8,6 @@ from torch import nn
 from strata.engine.kv_cache import AttentionMetadata, KVCache
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
-from strata.layers.activation import gated
 from strata.layers.attention import Attention
 from strata.layers.linear import Projections, QuantLinear
 from strata.layers.norm import RMSNorm
@@ -40,7 +39,6 @@ class LlamaBlock(nn.Module):
         self.attn = Attention(
             layer, self.num_heads, self.num_kv_heads, spec.attn_scale, None, rotary, place.kernels
         )
-        self.fused = place.kernels
 
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(num_tokens, hidden) -> q (tokens, heads, dim), k and v (tokens, kv_heads, dim), not rotated."""
@@ -61,7 +59,7 @@ class LlamaBlock(nn.Module):
         q, k, v = self.qkv(h)
         h, x = self.ffn_norm.add_and_norm(self.attn_output(self.attn(q, k, v, kv, meta)), x)
         gate, up = self.gate_up(h)
-        return x, self.ffn_down(gated("silu", gate, up, self.fused))
+        return x, self.ffn_down(gate, up, "silu")
 
 
 class LlamaModel(DecoderModel):
