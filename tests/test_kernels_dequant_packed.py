@@ -54,6 +54,25 @@ def test_q4_k_planar_bit_equal(dtype: torch.dtype, block_k: int) -> None:
     _check(T.Q4_K, 37, 3, dtype, "planar", block_n=16, block_k=block_k)
 
 
+@pytest.mark.parametrize(
+    "qtype,layout",
+    [(T.Q4_K, "blocks"), (T.Q4_K, "planar"), (T.Q6_K, "blocks"), (T.Q5_0, "blocks"), (T.Q8_0, "blocks"),
+     (T.IQ2_S, "blocks")],
+    ids=lambda v: getattr(v, "name", v),
+)  # fmt: skip
+def test_rows_gather_an_embedding_lookup(qtype: GGMLQuantizationType, layout: str) -> None:
+    # Repeated, unordered ids, more of them than a tile of 16 (a partial second tile).
+    n, k = 41, 2 * GGML_QUANT_SIZES[qtype][0]
+    raw = random_weight(qtype, n, k, seed=7)
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k, layout)
+    ids = torch.tensor([40, 0, 7, 7, 19, 3, 40, 22, 1, 5, 8, 13, 21, 34, 2, 11, 30, 6], device=DEVICE)
+    table = dequantize(raw, qtype, (n, k))
+    for dtype in (torch.float32, torch.bfloat16):
+        got = dequantize_packed(packed, dtype, rows=ids, block_n=16, block_k=64)
+        assert torch.equal(got.cpu(), table[ids.cpu()].to(dtype)), f"{qtype.name} {dtype}"
+    assert dequantize_packed(packed, torch.float32, rows=ids[:0]).shape == (0, k)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="model-sized weights run only on CUDA")
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q5_0], ids=lambda t: t.name)
 def test_model_shape_cuda(qtype: GGMLQuantizationType) -> None:
@@ -66,5 +85,10 @@ def test_errors_name_the_problem() -> None:
         dequantize_packed(packed, torch.float64)
     with pytest.raises(ValueError, match=r"out must be a \(4, 64\)"):
         dequantize_packed(packed, torch.float32, out=torch.empty(4, 32, device=DEVICE))
+    with pytest.raises(ValueError, match="rows must be a 1-D integer tensor"):
+        dequantize_packed(packed, torch.float32, rows=torch.zeros(2, 2, dtype=torch.long, device=DEVICE))
+    with pytest.raises(ValueError, match=r"out must be a \(3, 64\)"):
+        rows = torch.tensor([0, 1, 2], device=DEVICE)
+        dequantize_packed(packed, torch.float32, rows=rows, out=torch.empty(4, 64, device=DEVICE))
     with pytest.raises(TypeError, match="PackedQuantWeight"):
         dequantize_packed(torch.empty(4), torch.float32)  # type: ignore[arg-type]

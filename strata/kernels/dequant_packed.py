@@ -33,12 +33,16 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _dequant_kernel(
-    out_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+    out_ptr, rows_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
     N, K, stride_out, s0, s1, s2, s3,
     QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND_BF16: tl.constexpr,
+    GATHER: tl.constexpr,
 ):  # fmt: skip
+    """Output rows rn are weight rows rn, or with GATHER weight rows rows[rn] (N is then len(rows))."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rn, N - 1)
+    if GATHER:
+        rc = tl.load(rows_ptr + rc).to(tl.int32)
     NT: tl.constexpr = BLOCK_K // 16
     # Groups past K repeat the last one (valid bytes); their elements are not stored.
     t3 = tl.minimum(tl.program_id(1) * NT + tl.arange(0, NT), K // 16 - 1)[None, :, None]
@@ -62,13 +66,16 @@ def dequantize_packed(
     dtype: torch.dtype,
     *,
     out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
     block_n: int = 32,
     block_k: int = 256,
 ) -> torch.Tensor:
-    """The (n, k) weight in `dtype`: strata.quant.dequantize's float32 values rounded once to `dtype`.
+    """The (n, k) weight in `dtype`: strata.quant.dequantize's float32 values rounded once to `dtype`;
+    with `rows` (integer indices on the weight's device, each in [0, n); not checked, as that would
+    sync), only those rows, in that order: (len(rows), k), an embedding lookup.
 
-    `out`, when given, is a contiguous-row (n, k) tensor of `dtype` on the weight's device, written in
-    place. No host-device sync: capturable in a CUDA graph.
+    `out`, when given, is a contiguous-row tensor of that shape and `dtype` on the weight's device,
+    written in place. No host-device sync: capturable in a CUDA graph.
     """
     if not isinstance(w, PackedQuantWeight):
         raise TypeError(f"w must be a PackedQuantWeight from pack_quant_weight, got {type(w).__name__}")
@@ -79,22 +86,31 @@ def dequantize_packed(
         raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
     if block_n < 1 or block_n & (block_n - 1) or block_k < 16 or block_k & (block_k - 1):
         raise ValueError(f"block_n must be a power of two and block_k one >= 16, got {block_n}, {block_k}")
-    if out is None:
-        out = torch.empty(w.n, w.k, dtype=dtype, device=w.device)
-    elif out.shape != (w.n, w.k) or out.dtype != dtype or out.stride(1) != 1 or out.device != w.device:
+    if rows is not None and (rows.dim() != 1 or rows.is_floating_point() or rows.device != w.device):
         raise ValueError(
-            f"out must be a ({w.n}, {w.k}) {dtype} tensor on {w.device} with contiguous rows, "
+            f"rows must be a 1-D integer tensor on {w.device}, "
+            f"got {tuple(rows.shape)} {rows.dtype} on {rows.device}"
+        )
+    n = w.n if rows is None else rows.shape[0]
+    if out is None:
+        out = torch.empty(n, w.k, dtype=dtype, device=w.device)
+    elif out.shape != (n, w.k) or out.dtype != dtype or out.stride(1) != 1 or out.device != w.device:
+        raise ValueError(
+            f"out must be a ({n}, {w.k}) {dtype} tensor on {w.device} with contiguous rows, "
             f"got {tuple(out.shape)} {out.dtype} on {out.device}"
         )
+    if n == 0:
+        return out
     planes, strides = _kernel_args(w)
-    grid = (triton.cdiv(w.n, block_n), triton.cdiv(w.k, block_k))
+    grid = (triton.cdiv(n, block_n), triton.cdiv(w.k, block_k))
     # Triton's interpreter truncates fp32 -> bf16 casts; round to nearest even by hand there.
     round_bf16 = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     if w.layout == "planar" and block_k < 32:
         raise ValueError(f"Q4_K's planar layout needs block_k >= 32, got {block_k}")
     _dequant_kernel[grid](
-        out, *planes, w.n, w.k, out.stride(0), *strides,
+        out, out if rows is None else rows, *planes, n, w.k, out.stride(0), *strides,
         QTYPE=kernel_type(int(w.qtype), w.layout), BLOCK_N=block_n, BLOCK_K=block_k, ROUND_BF16=round_bf16,
+        GATHER=rows is not None,
         # No FMA contraction: d * q - dmin * mn must round as dequantize rounds it.
         enable_fp_fusion=False,
     )  # fmt: skip

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from strata.gguf.reader import GGUFFile
-from strata.layers.linear import QuantLinear
+from strata.layers.linear import QuantLinear, gather_kernel_types
 from strata.layers.placement import Placement
 from strata.parallel.group import all_reduce
 from strata.parallel.shard import row_bytes, vocab_range
 from strata.quant import dequantize_rows
 
+# strata.kernels needs triton, which a CPU-only install may lack: imported only on the kernel path.
+if TYPE_CHECKING:
+    from strata.kernels.quant_pack import PackedQuantWeight
+
 
 class QuantEmbedding(nn.Module):
-    """Dequantizes only the looked-up rows: the table (often the largest tensor) stays quantized.
+    """Dequantizes only the looked-up rows: the table (often the largest tensor) stays quantized. On
+    the kernel path, for the types it has, the table is packed once (shared with a tied output head)
+    and a lookup is one Triton launch (`dequantize_packed` with `rows`) instead of the dozen torch
+    operations of `dequantize_rows`: the same values.
 
     Under tensor parallelism each rank holds a run of the vocabulary (`strata.parallel.shard`): it
     looks up the ids in its run, leaves zeros for the others, and an all-reduce sums the ranks' rows.
@@ -33,8 +42,16 @@ class QuantEmbedding(nn.Module):
                 row_bytes(raw, info.qtype, info.shape, self.start, end),
                 (end - self.start, info.shape[1]),
             )
-        self.qweight = raw.to(place.device)
         self.place, self.scale = place, scale
+        # The stored bytes, or on the kernel path the packed planes only (the same bytes regrouped).
+        self.qweight: torch.Tensor | None = raw.to(place.device)
+        self.packed: PackedQuantWeight | None = None
+        if place.kernels and self.qtype in gather_kernel_types():
+            from strata.kernels.quant_pack import pack_quant_weight
+
+            vocab, hidden = self.shape
+            self.packed = pack_quant_weight(self.qweight, self.qtype, vocab, hidden)
+            self.qweight = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         # (num_tokens,) -> (num_tokens, hidden)
@@ -43,7 +60,16 @@ class QuantEmbedding(nn.Module):
             local = ids - self.start
             mine = (local >= 0) & (local < self.shape[0])
             ids = torch.where(mine, local, 0)
-        rows = dequantize_rows(self.qweight, self.qtype, self.shape, ids)
+        if self.packed is not None:
+            from strata.kernels.dequant_packed import dequantize_packed
+
+            plain = self.scale == 1.0 and not split  # rounded straight to the model's dtype
+            rows = dequantize_packed(self.packed, self.place.dtype if plain else torch.float32, rows=ids)
+            if plain:
+                return rows
+        else:
+            assert self.qweight is not None
+            rows = dequantize_rows(self.qweight, self.qtype, self.shape, ids)
         if self.scale != 1.0:
             # Gemma rounds the scale to the activation dtype before multiplying (as llama.cpp and HF do).
             rows = rows * torch.tensor(self.scale, dtype=self.place.dtype).float()
@@ -55,4 +81,6 @@ class QuantEmbedding(nn.Module):
         """The table as the output projection, for models whose head is tied to the embeddings (under
         tensor parallelism: this rank's vocabulary rows, as the head splits them too)."""
         vocab, hidden = self.shape
-        return QuantLinear(self.qweight, self.qtype, (vocab, hidden), self.place)
+        table = self.packed if self.packed is not None else self.qweight
+        assert table is not None
+        return QuantLinear(table, self.qtype, (vocab, hidden), self.place)
