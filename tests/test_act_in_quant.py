@@ -79,7 +79,7 @@ def test_env_and_argument_errors(monkeypatch):
         quant_matvec.quant_matvec(gate, raw, T.Q4_K, 8, 256, up=up.float())
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # SwiGLU, GeGLU
+@pytest.mark.parametrize("arch", ["llama"])  # SwiGLU; GeGLU is checked bit for bit above (CI time)
 def test_whole_model_tokens_unchanged(monkeypatch, arch: str, tmp_path):
     # bf16 on the kernel path, so that the down projections' matvec runs on int8 x.
     from strata.engine.llm_engine import EngineConfig, LLMEngine
