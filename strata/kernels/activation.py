@@ -83,6 +83,11 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None =
     return _gated(gate, up, out, gelu=False)
 
 
+def gated_act(gate: torch.Tensor, up: torch.Tensor, kind: str) -> torch.Tensor:
+    """silu_mul (kind "silu") or gelu_tanh_mul (kind "gelu_tanh") of gate and up, in gate's dtype."""
+    return silu_mul(gate, up) if kind == "silu" else gelu_tanh_mul(gate, up)
+
+
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """F.gelu(gate, approximate="tanh") * up in fp32, in gate's dtype (GeGLU: Gemma); as silu_mul."""
     return _gated(gate, up, out, gelu=True)

@@ -30,7 +30,7 @@ from strata.kernels._matvec_lowbit import (
 from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
 from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
 from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
-from strata.kernels.activation import gelu_tanh_mul, silu_mul
+from strata.kernels.activation import gated_act
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 
 _T = GGMLQuantizationType
@@ -281,11 +281,6 @@ def _check_gated(x: torch.Tensor, up: torch.Tensor, act: str) -> None:
             f"up must be a {tuple(x.shape)} {x.dtype} tensor on {x.device} with contiguous rows like x, "
             f"got {tuple(up.shape)} {up.dtype} on {up.device} with strides {up.stride()}"
         )
-
-
-def gated_act(x: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
-    """act(x) * up by `strata.kernels.activation`'s kernel, in x's dtype."""
-    return silu_mul(x, up) if act == "silu" else gelu_tanh_mul(x, up)
 
 
 def split_locks(device: torch.device, tiles: int) -> torch.Tensor:

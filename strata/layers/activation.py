@@ -9,9 +9,9 @@ import torch.nn.functional as F
 def gated(kind: str, gate: torch.Tensor, up: torch.Tensor, fused: bool) -> torch.Tensor:
     """silu(gate) * up (SwiGLU, kind "silu") or gelu_tanh(gate) * up (GeGLU, kind "gelu_tanh")."""
     if fused:
-        from strata.kernels.activation import gelu_tanh_mul, silu_mul  # needs triton
+        from strata.kernels.activation import gated_act  # needs triton
 
-        return silu_mul(gate, up) if kind == "silu" else gelu_tanh_mul(gate, up)
+        return gated_act(gate, up, kind)
     if kind == "silu":
         return F.silu(gate) * up
     return F.gelu(gate, approximate="tanh") * up
