@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from gguf.constants import GGMLQuantizationType
 from torch import nn
 
 from strata.gguf.reader import GGUFFile
-from strata.layers.linear import QuantLinear, gather_kernel_types
+from strata.layers.linear import QuantLinear
 from strata.layers.placement import Placement
 from strata.parallel.group import all_reduce
 from strata.parallel.shard import row_bytes, vocab_range
@@ -46,7 +47,7 @@ class QuantEmbedding(nn.Module):
         # The stored bytes, or on the kernel path the packed planes only (the same bytes regrouped).
         self.qweight: torch.Tensor | None = raw.to(place.device)
         self.packed: PackedQuantWeight | None = None
-        if place.kernels and self.qtype in gather_kernel_types():
+        if place.kernels and _has_gather_kernel(self.qtype):
             from strata.kernels.quant_pack import pack_quant_weight
 
             vocab, hidden = self.shape
@@ -84,3 +85,10 @@ class QuantEmbedding(nn.Module):
         table = self.packed if self.packed is not None else self.qweight
         assert table is not None
         return QuantLinear(table, self.qtype, (vocab, hidden), self.place)
+
+
+def _has_gather_kernel(qtype: GGMLQuantizationType) -> bool:
+    """Whether `dequantize_packed` decodes this type (it needs triton: imported only when asked)."""
+    from strata.kernels.quant_matmul import MATMUL_TYPES
+
+    return qtype in MATMUL_TYPES

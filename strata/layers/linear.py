@@ -214,13 +214,6 @@ def _stackable(a: QuantLinear, b: QuantLinear) -> bool:
     )
 
 
-def gather_kernel_types() -> frozenset[GGMLQuantizationType]:
-    """The types `dequantize_packed` decodes (an embedding lookup on the kernel path); needs triton."""
-    from strata.kernels.quant_matmul import MATMUL_TYPES
-
-    return MATMUL_TYPES
-
-
 def _has_kernel(qtype: GGMLQuantizationType) -> bool:
     from strata.kernels.quant_matvec import MATVEC_TYPES
 
