@@ -54,10 +54,11 @@ def test_layer_output_is_unchanged_and_the_launch_is_left_out(monkeypatch, act, 
     n, k = 40, 512
     gate, up = gate_up(rows, k, torch.bfloat16, seed=2)
     raw = random_weight(qtype, n, k, seed=3)
+    place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
     monkeypatch.setenv("STRATA_ACT_IN_QUANT", "0")
-    expected = QuantLinear(raw, qtype, (n, k), Placement(kernels=True))(gated(act, gate, up, True))
+    expected = QuantLinear(raw, qtype, (n, k), place)(gated(act, gate, up, True))
     monkeypatch.setenv("STRATA_ACT_IN_QUANT", "1")
-    layer = QuantLinear(raw, qtype, (n, k), Placement(kernels=True))
+    layer = QuantLinear(raw, qtype, (n, k), place)
     calls: list[str] = []
     for module, name in ((linear, "gated"), (quant_matvec, "gated_act")):
         real = getattr(module, name)
@@ -69,7 +70,7 @@ def test_layer_output_is_unchanged_and_the_launch_is_left_out(monkeypatch, act, 
 
 def test_env_and_argument_errors(monkeypatch):
     monkeypatch.setenv("STRATA_ACT_IN_QUANT", "yes")
-    with pytest.raises(ValueError, match="STRATA_ACT_IN_QUANT='yes' must be 0 or 1"):
+    with pytest.raises(ValueError, match="STRATA_ACT_IN_QUANT=.yes. must be 0 or 1; unset it for 1"):
         env.act_in_quant()
     gate, up = gate_up(2, 256, torch.bfloat16, seed=4)
     raw = random_weight(T.Q4_K, 8, 256, seed=5).to(DEVICE)

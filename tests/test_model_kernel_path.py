@@ -123,3 +123,15 @@ def test_gpu_with_cuda_graphs_matches_cpu_reference(layout: str, tmp_path: Path)
     # The paged prefill kernel (engine option, off by default until this passes on a GPU), chunked.
     chunks = SchedulerConfig(max_num_batched_tokens=24)
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, prefill_kernel=True, scheduler=chunks) == ref
+
+
+@cuda_only
+def test_gpu_without_programmatic_dependent_launch_matches_cpu_reference(monkeypatch, tmp_path: Path) -> None:
+    # The graphs' kernels launched ordinarily (strata.kernels.pdl's default launches them with PDL,
+    # which the test above runs): the same ids.
+    path = tmp_path / "m.gguf"
+    write_layout(path, load_layout("qwen2.5-0.5b-tiny"), seed=0)
+    ref = greedy_ids(path, "cpu", kernels=False, num_tokens=64)
+    monkeypatch.setenv("STRATA_PDL", "0")
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64) == ref
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, cuda_graphs=False) == ref

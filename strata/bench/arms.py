@@ -7,6 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The options each kind understands; every kind also takes `threads` and `model` (another GGUF file).
+# strata arm options that set its environment knobs (strata/env.py).
+ENV_OPTIONS = {
+    "q4k_layout": "STRATA_Q4K_LAYOUT",
+    "matvec_rows": "STRATA_MATVEC_ROWS",
+    "dense_rows": "STRATA_DENSE_ROWS",
+    "int8_x": "STRATA_INT8_X",  # types joined by "+", e.g. int8_x=Q4_K+Q6_K
+    "act_in_quant": "STRATA_ACT_IN_QUANT",
+    "pdl": "STRATA_PDL",
+}
+
 OPTIONS: dict[str, frozenset[str]] = {
     "strata": frozenset(
         {
@@ -18,11 +28,8 @@ OPTIONS: dict[str, frozenset[str]] = {
             "prefix_cache",
             "cuda_graphs",
             "prefill_kernel",
-            "q4k_layout",
-            "matvec_rows",
-            "dense_rows",
-            "int8_x",
             "tensor_parallel",
+            *ENV_OPTIONS,
         }
     ),
     "llamacpp": frozenset({"threads", "model", "n_batch"}),

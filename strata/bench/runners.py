@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from .arms import ENV_OPTIONS
 from .workload import Workload
 
 
@@ -45,16 +46,6 @@ class WorkerConfig:
         return Path(self.model)
 
 
-# Arm options that set strata's environment knobs (strata/env.py).
-_ENV_OPTIONS = {
-    "q4k_layout": "STRATA_Q4K_LAYOUT",
-    "matvec_rows": "STRATA_MATVEC_ROWS",
-    "dense_rows": "STRATA_DENSE_ROWS",
-    "int8_x": "STRATA_INT8_X",  # types joined by "+", e.g. int8_x=Q4_K+Q6_K
-    "act_in_quant": "STRATA_ACT_IN_QUANT",
-}
-
-
 class StrataRunner:
     """strata's `LLMEngine`, built as the server builds it; a fresh engine (empty prefix cache) per run."""
 
@@ -71,7 +62,7 @@ class StrataRunner:
         if "tensor_parallel" in opts:  # likewise only when asked for (the harness sets it for N > 1)
             gpu["tensor_parallel"] = int(opts["tensor_parallel"])
         # Read when the layers are built; this worker process builds one model.
-        for option, variable in _ENV_OPTIONS.items():
+        for option, variable in ENV_OPTIONS.items():
             if option in opts:
                 os.environ[variable] = opts[option]
         self.llm = LLM(

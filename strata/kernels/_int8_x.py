@@ -10,15 +10,18 @@ import triton
 import triton.language as tl
 
 from strata.kernels.activation import gated_value
+from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
 def quantize_x_kernel(
     x_ptr, up_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, stride_um,
     NSB: tl.constexpr, PLANAR: tl.constexpr, ACT: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (m, j) quantizes sub-blocks j * NSB .. of row m. ACT 1 (silu) or 2 (gelu_tanh): the row
     quantized is act(x) * up, rounded to x's dtype as `strata.kernels.activation` stores it."""
+    await_inputs(PDL)
     m = tl.program_id(0)
     s = tl.program_id(1) * NSB + tl.arange(0, NSB)
     sv = s < K // 32

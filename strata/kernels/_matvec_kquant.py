@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
+from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
@@ -32,7 +33,9 @@ def q4_k_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_w,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     # A 144-byte block: d fp16, dmin fp16, 12 scale bytes, then 4 chunks of 32 quant bytes; chunk c
     # holds elements 64c + i (low nibbles, sub-block 2c) and 64c + 32 + i (high nibbles, 2c + 1).
     NC: tl.constexpr = BLOCK_K // 64
@@ -87,7 +90,9 @@ def q6_k_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_ql, stride_qh, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     # Work goes in halves of a super-block (128 elements): half g has ql bytes 64g..64g+63, qh bytes
     # 32g..32g+31 and scales 8g..8g+7. Element 128g + 32s + i (s = 0..3, i = 0..31) takes its low
     # 4 bits from ql byte 64g + 32(s % 2) + i (low nibble for s < 2) and its high 2 bits from bits

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
+from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
@@ -20,7 +21,9 @@ def q8_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
@@ -56,9 +59,11 @@ def q5_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FLAT_ACC: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step."""
+    await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
@@ -102,7 +107,9 @@ def q4_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)

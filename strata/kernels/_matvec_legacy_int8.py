@@ -15,6 +15,7 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dot_rows, _x_rows
+from strata.kernels.pdl import await_inputs
 
 # The GGML ids of the two types, for the kernel's constexpr branch.
 Q5_0: tl.constexpr = tl.constexpr(6)
@@ -41,9 +42,11 @@ def legacy_int8_matvec_kernel(
     stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     QTYPE: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """qs_ptr is an int32 view of the quants (stride in words); qh_ptr Q5_0's int32 qh (Q8_0: unused).
     Every row of x at once (M_PAD of them)."""
+    await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)

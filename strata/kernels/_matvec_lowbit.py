@@ -21,6 +21,7 @@ from gguf import quants
 from gguf.constants import GGMLQuantizationType
 
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
+from strata.kernels.pdl import await_inputs
 
 _T = GGMLQuantizationType
 # Where IQ2_XS's 128 sign patterns start in its table, after the 512 grid rows of 8 bytes.
@@ -56,7 +57,9 @@ def q2_k_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_w, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     # Work goes in halves of a super-block (128 elements); a block is 80 plane bytes (16 scale bytes,
     # then 64 quant bytes) and d, dmin in the fp16 plane. Element 128h + 32s + i (s = 0..3,
     # i = 0..31) of half h is bits 2s, 2s+1 of quant byte 32h + i, in sub-block 8h + 2s + i // 16,
@@ -102,7 +105,9 @@ def iq4_xs_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     # Sub-block t (32 elements) of a row is sub-block j = t % 8 of block t // 8: quant bytes 16t + i
     # hold level indices of element i (low nibble) and 16 + i (high). Its 6-bit scale has its low 4
     # bits in nibble j % 2 of scales_l byte j // 2 and its high 2 in bits 2j, 2j+1 of scales_h, which
@@ -163,7 +168,9 @@ def iq2_xs_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     # Group g (8 elements) of a row is uint16 quant g: grid row q & 511 signed by the ksigns pattern
     # q >> 9. It shares the scale of sub-block g // 2: nibble (g // 2) % 2 of scale byte g // 4, with
     # the d of block g // 32.
@@ -200,7 +207,9 @@ def iq2_s_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_w, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     # Group g (8 elements) of a row is group e = g % 32 of block g // 32, whose 80 plane bytes are
     # qs[32], signs[32], qh[8], scales[8]: grid row qs[e] | (bits 2(e % 4), +1 of qh[e // 4]) << 8,
     # element i negated where bit i of signs[e] is set, scaled as sub-block e // 2 (nibble

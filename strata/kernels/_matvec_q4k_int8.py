@@ -19,6 +19,7 @@ import triton.language as tl
 from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
 from strata.kernels._int8_x import _dp4a
 from strata.kernels._matvec_q4k_planar import _loads
+from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
@@ -29,9 +30,11 @@ def q4_k_int8_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr, ROWS_AT_ONCE: tl.constexpr,
     FLAT_ACC: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
     (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums."""
+    await_inputs(PDL)
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)

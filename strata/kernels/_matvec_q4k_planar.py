@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
+from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
@@ -63,7 +64,9 @@ def q4_k_planar_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     # qs is the int32 view: sub-block s is words 4s..4s+3, and nibble i of word r is element 4i + r.
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

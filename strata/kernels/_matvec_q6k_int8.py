@@ -14,6 +14,7 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dp4a
+from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
@@ -46,11 +47,13 @@ def q6_k_int8_matvec_kernel(
     stride_ys, stride_ym, stride_ql, stride_qh, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """ql_ptr and qh_ptr are int32 views (stride in words); every row of x at once (M_PAD of them).
     The products of each 16 elements are kept per (row, half, 16 elements) across the whole K loop and
     summed once at the end: no cross-thread reduction and no layout conversion of a 16-element group
     inside the loop (a group's four words are one thread's 16-byte load)."""
+    await_inputs(PDL)
     NH: tl.constexpr = BLOCK_K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)

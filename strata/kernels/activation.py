@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.pdl import await_inputs, launch_args
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -34,7 +36,9 @@ def _gated_act_kernel(
     F,
     stride_gt, stride_gf, stride_ut, stride_uf, stride_ot, stride_of,
     BLOCK: tl.constexpr, GELU: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)  # int64: t * stride can pass 2**31 in a long prefill
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < F
@@ -73,6 +77,7 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu:
     _gated_act_kernel[(num_tokens, triton.cdiv(width, block))](
         gate, up, out, width, *gate.stride(), *up.stride(), *out.stride(),
         BLOCK=block, GELU=gelu, num_warps=4 if block >= 512 else 1, enable_fp_fusion=False,
+        **launch_args(gate.device),
     )  # fmt: skip
     return out
 

@@ -57,7 +57,10 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 (f"Q4_K int8 {name} rows_at_once={at_once}", q4k, dict(int8, ROWS_AT_ONCE=at_once), {})
             )
         if m == 1:
-            out.append((f"Q4_K int8 {name} flat_acc", q4k, dict(int8, ROWS_AT_ONCE=False, FLAT_ACC=True), {}))
+            flat = dict(int8, ROWS_AT_ONCE=False, FLAT_ACC=True)
+            out.append((f"Q4_K int8 {name} flat_acc", q4k, flat, {}))
+            # Programmatic dependent launch (strata.kernels.pdl): main() checks its PTX waits.
+            out.append((f"Q4_K int8 {name} flat_acc pdl", q4k, dict(flat, PDL=True), {}))
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
@@ -134,6 +137,8 @@ def main() -> int:
     for name, fn, constexprs, pointers in variants():
         try:
             kernel = compile_for_sm90(fn, constexprs, pointers)
+            if constexprs.get("PDL") and "griddepcontrol.wait" not in kernel.asm["ptx"]:
+                raise AssertionError("PDL=True but the PTX has no griddepcontrol.wait")
             print(
                 f"ok {name} (layout conversions in loops: {converts_in_loops(kernel.asm['ttgir'])})",
                 flush=True,

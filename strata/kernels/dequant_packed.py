@@ -25,6 +25,7 @@ from strata.kernels._matmul_quant import (
     _planar_quants,
     kernel_type,
 )
+from strata.kernels.pdl import await_inputs, launch_args
 from strata.kernels.quant_matmul import MATMUL_TYPES, _kernel_args
 from strata.kernels.quant_pack import PackedQuantWeight
 
@@ -37,8 +38,10 @@ def _dequant_kernel(
     N, K, stride_out, s0, s1, s2, s3,
     QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND_BF16: tl.constexpr,
     GATHER: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Output rows rn are weight rows rn, or with GATHER weight rows rows[rn] (N is then len(rows))."""
+    await_inputs(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rn, N - 1)
     if GATHER:
@@ -113,5 +116,6 @@ def dequantize_packed(
         GATHER=rows is not None,
         # No FMA contraction: d * q - dmin * mn must round as dequantize rounds it.
         enable_fp_fusion=False,
+        **launch_args(out.device),
     )  # fmt: skip
     return out

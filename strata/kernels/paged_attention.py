@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.pdl import await_inputs, launch_args
+
 _LOG2E = 1.4426950408889634
 
 
@@ -29,7 +31,9 @@ def _split_kernel(
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -101,7 +105,9 @@ def _merge_kernel(
     out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     num_splits, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     isp = tl.arange(0, S_PAD)
@@ -218,11 +224,13 @@ def paged_decode_attention(
         NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
         ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
         num_warps=num_warps,
+        **launch_args(q.device),
     )  # fmt: skip
     if num_splits > 1:
         _merge_kernel[(batch, num_heads)](
             out, part_m, part_l, part_acc, num_splits, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=triton.next_power_of_2(num_splits),
             num_warps=num_warps,
+            **launch_args(q.device),
         )  # fmt: skip
     return out

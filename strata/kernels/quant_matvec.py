@@ -31,6 +31,7 @@ from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
 from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
 from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
 from strata.kernels.activation import gated_act
+from strata.kernels.pdl import launch_args
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 
 _T = GGMLQuantizationType
@@ -264,6 +265,7 @@ def quant_matvec(
             x, *dest, *tensors, n, k, x.stride(0), stride_ys, out.stride(0), *strides,
             M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps, **extra,
+            **launch_args(x.device),
         )  # fmt: skip
     return out
 
@@ -311,6 +313,7 @@ def quantize_x(
     quantize_x_kernel[grid](
         x, gate_up, xq, xd, xs, x.shape[1], x.stride(0), gate_up.stride(0),
         NSB=32, PLANAR=planar, ACT=0 if up is None else _ACTS[act], enable_fp_fusion=False,
+        **launch_args(x.device),
     )  # fmt: skip
     return xq, xd, xs
 
@@ -334,7 +337,7 @@ def _int8_matvec(
     m, stride_ym = xq.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
     common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, num_warps=cfg.num_warps,
+        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, num_warps=cfg.num_warps, **launch_args(xq.device),
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
         USE_ASM=xq.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
     )  # fmt: skip

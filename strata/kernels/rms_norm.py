@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.pdl import await_inputs, launch_args
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_BLOCK = 8192
 
@@ -33,7 +35,9 @@ def _rms_norm_kernel(
     H, inner, eps,
     stride_x0, stride_x1, stride_r0, stride_r1, stride_o0, stride_o1,
     BLOCK: tl.constexpr, ONE_TILE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     # Rows are (outer, inner) pairs so that a (tokens, heads, head_dim) view need not be contiguous.
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31
     outer = row // inner
@@ -136,5 +140,6 @@ def rms_norm(
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), o3.stride(0), o3.stride(1),
         BLOCK=block, ONE_TILE=block >= hidden, HAS_RESIDUAL=residual is not None,
         num_warps=min(8, max(1, block // 256)),
+        **launch_args(x.device),
     )  # fmt: skip
     return out

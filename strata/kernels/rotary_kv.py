@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from strata.kernels.pdl import await_inputs, launch_args
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -28,7 +30,9 @@ def _rotary_kv_kernel(
     stride_kcs, stride_kch, stride_kcd, stride_vcs, stride_vch, stride_vcd,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr, DIM_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    await_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     i = tl.arange(0, HALF_PAD)
@@ -139,4 +143,5 @@ def rotary_kv_write(
         NUM_Q_HEADS=num_heads, HEAD_DIM=head_dim, ROPE_DIM=rope_dim,
         HALF_PAD=triton.next_power_of_2(rope_dim // 2), DIM_PAD=triton.next_power_of_2(head_dim),
         INTERLEAVED=layout == "interleaved", num_warps=1 if head_dim <= 128 else 2,
+        **launch_args(q.device),
     )  # fmt: skip
