@@ -79,16 +79,17 @@ def act_in_quant() -> bool:
     return value == "1"
 
 
-def pdl() -> bool:
+def pdl() -> int:
     """STRATA_PDL (default 1): the GPU kernels of a captured decode step are launched with
     programmatic dependent launch (Hopper and later): each kernel's programs start while the one
     before it finishes and wait for it in the kernel (`strata.kernels.pdl`), hiding the launch gaps
     between a step's few hundred small kernels (H200, 2026-12-04: 0.5B decode 1.155x at one sequence
-    and 1.166x at 64, 7B 1.042x at one, 0.998x at 16, prefill 0.998x). 0 launches them ordinarily."""
+    and 1.166x at 64, 7B 1.042x at one, 0.998x at 16, prefill 0.998x). 0 launches them ordinarily;
+    2 (opt-in until timed) also has the decode matvecs ask L2 for their first weights before waiting."""
     value = os.environ.get("STRATA_PDL", "") or "1"
-    if value not in ("0", "1"):
-        raise ValueError(f"STRATA_PDL={value!r} must be 0 or 1; unset it for 1")
-    return value == "1"
+    if value not in ("0", "1", "2"):
+        raise ValueError(f"STRATA_PDL={value!r} must be 0, 1 or 2; unset it for 1")
+    return int(value)
 
 
 INT8_X_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")

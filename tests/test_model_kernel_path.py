@@ -40,12 +40,19 @@ T = GGMLQuantizationType
 cuda_only = pytest.mark.skipif(not CUDA, reason="CUDA graphs and the real-layout models need a GPU")
 
 
-def greedy_ids(path: Path, device: str, kernels: bool, num_tokens: int, **engine: object) -> list[list[int]]:
+def greedy_ids(
+    path: Path,
+    device: str,
+    kernels: bool,
+    num_tokens: int,
+    dtype: torch.dtype = torch.float32,
+    **engine: object,
+) -> list[list[int]]:
     """Three prompts of different lengths decoded together (so decode batches are ragged)."""
     os.environ["STRATA_TRITON_ON_CPU"] = "1" if kernels and device == "cpu" else "0"
     try:
         gguf = GGUFFile(path)
-        model = build_model(gguf, ModelSpec.from_gguf(gguf), device=device)
+        model = build_model(gguf, ModelSpec.from_gguf(gguf), dtype=dtype, device=device)
     finally:
         os.environ.pop("STRATA_TRITON_ON_CPU")
     assert model.place.kernels == kernels
@@ -126,12 +133,16 @@ def test_gpu_with_cuda_graphs_matches_cpu_reference(layout: str, tmp_path: Path)
 
 
 @cuda_only
-def test_gpu_without_programmatic_dependent_launch_matches_cpu_reference(monkeypatch, tmp_path: Path) -> None:
-    # The graphs' kernels launched ordinarily (strata.kernels.pdl's default launches them with PDL,
-    # which the test above runs): the same ids.
+@pytest.mark.parametrize("level", ["0", "2"])
+def test_gpu_pdl_levels_match_cpu_reference(monkeypatch, level: str, tmp_path: Path) -> None:
+    # 0: the graphs' kernels launched ordinarily; 2: PDL with the matvecs' weights prefetched to L2
+    # before the wait (the default, 1, runs in the test above): the same ids.
     path = tmp_path / "m.gguf"
     write_layout(path, load_layout("qwen2.5-0.5b-tiny"), seed=0)
     ref = greedy_ids(path, "cpu", kernels=False, num_tokens=64)
-    monkeypatch.setenv("STRATA_PDL", "0")
+    # bf16 takes the int8 matvecs (Q4_K, Q6_K): bit for bit the same kernels as with PDL 1.
+    bf16 = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
+    monkeypatch.setenv("STRATA_PDL", level)
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64) == ref
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, cuda_graphs=False) == ref
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == bf16

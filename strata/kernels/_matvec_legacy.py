@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
-from strata.kernels.pdl import await_inputs
+from strata.kernels.pdl import await_inputs, prefetch_weights
 
 
 @triton.jit
@@ -23,7 +23,6 @@ def q8_0_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
-    await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
@@ -31,6 +30,8 @@ def q8_0_matvec_kernel(
     ib = tl.arange(0, NB)
     ij = tl.arange(0, 32)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
+    prefetch_weights(qs_ptr, rc, stride_qs, lo * 32, hi * 32, BLOCK_K, PDL)
+    await_inputs(PDL)
     acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
         blk = b0 + ib  # (NB,)
@@ -63,13 +64,14 @@ def q5_0_matvec_kernel(
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step."""
-    await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     ib = tl.arange(0, NB)
     ij = tl.arange(0, 16)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
+    prefetch_weights(qs_ptr, rc, stride_qs, lo * 16, hi * 16, BLOCK_K // 2, PDL)
+    await_inputs(PDL)
     acc = tl.zeros((BLOCK_N, NB, 16), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
         blk = b0 + ib

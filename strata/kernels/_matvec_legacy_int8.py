@@ -15,7 +15,7 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dot_rows, _x_rows
-from strata.kernels.pdl import await_inputs
+from strata.kernels.pdl import await_inputs, prefetch_weights
 
 # The GGML ids of the two types, for the kernel's constexpr branch.
 Q5_0: tl.constexpr = tl.constexpr(6)
@@ -46,7 +46,6 @@ def legacy_int8_matvec_kernel(
 ):  # fmt: skip
     """qs_ptr is an int32 view of the quants (stride in words); qh_ptr Q5_0's int32 qh (Q8_0: unused).
     Every row of x at once (M_PAD of them)."""
-    await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)
@@ -54,6 +53,9 @@ def legacy_int8_matvec_kernel(
     j = tl.arange(0, 8)[None, None, :]
     n_blocks = K // 32
     lo, hi = split_range(n_blocks, NB, SPLIT_K)
+    WORDS: tl.constexpr = 8 if QTYPE == Q8_0 else 4  # quant words per block
+    prefetch_weights(qs_ptr, rc1, stride_qs, lo * WORDS, hi * WORDS, BLOCK_K // 32 * WORDS, PDL)
+    await_inputs(PDL)
     acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
         blk1 = b0 + tl.arange(0, NB)

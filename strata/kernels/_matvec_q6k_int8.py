@@ -14,7 +14,7 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dp4a
-from strata.kernels.pdl import await_inputs
+from strata.kernels.pdl import await_inputs, prefetch_weights
 
 
 @triton.jit
@@ -53,7 +53,6 @@ def q6_k_int8_matvec_kernel(
     The products of each 16 elements are kept per (row, half, 16 elements) across the whole K loop and
     summed once at the end: no cross-thread reduction and no layout conversion of a 16-element group
     inside the loop (a group's four words are one thread's 16-byte load)."""
-    await_inputs(PDL)
     NH: tl.constexpr = BLOCK_K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)
@@ -62,6 +61,8 @@ def q6_k_int8_matvec_kernel(
     mi = tl.arange(0, M_PAD)
     n_sub = K // 32
     lo, hi = split_range(K // 128, NH, SPLIT_K)
+    prefetch_weights(ql_ptr, rc1, stride_ql, lo * 16, hi * 16, BLOCK_K // 8, PDL)
+    await_inputs(PDL)
     # One row of x: a (BLOCK_N, NH, 2) accumulator, in the layout of the step's sums.
     acc = (
         tl.zeros((BLOCK_N, NH, 2), tl.float32)

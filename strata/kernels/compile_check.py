@@ -59,8 +59,20 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         if m == 1:
             flat = dict(int8, ROWS_AT_ONCE=False, FLAT_ACC=True)
             out.append((f"Q4_K int8 {name} flat_acc", q4k, flat, {}))
-            # Programmatic dependent launch (strata.kernels.pdl): main() checks its PTX waits.
+            # Programmatic dependent launch (strata.kernels.pdl): main() checks the PTX's wait and, at
+            # PDL 2, the weight prefetches before it.
             out.append((f"Q4_K int8 {name} flat_acc pdl", q4k, dict(flat, PDL=True), {}))
+            for kernel, consts, pointers in (
+                (q4k, flat, {}),
+                (q6_k_int8_matvec_kernel, int8, {"sc_ptr": "*i8"}),
+                (legacy_int8_matvec_kernel, dict(int8, QTYPE=6), {}),
+                (legacy_int8_matvec_kernel, dict(int8, QTYPE=8), {}),
+                (q8_0_matvec_kernel, tile, {**u8, "qs_ptr": "*i8"}),
+                (q5_0_matvec_kernel, tile, u8q5),
+            ):
+                which = f" {consts['QTYPE']}" if "QTYPE" in consts else ""
+                label = f"{kernel.__name__}{which} {name} pdl prefetch"
+                out.append((label, kernel, dict(consts, PDL=2), pointers))
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
@@ -129,6 +141,15 @@ def converts_in_loops(ttgir: str) -> int:
     return count
 
 
+def check_pdl(ptx: str, level: int) -> None:
+    """PDL 1 or 2: the PTX waits for the previous kernel; 2: it asks L2 for weights before that wait."""
+    wait = ptx.find("griddepcontrol.wait")
+    if level and wait < 0:
+        raise AssertionError(f"PDL={level} but the PTX has no griddepcontrol.wait")
+    if level == 2 and not 0 <= ptx.find("prefetch.global.L2") < wait:
+        raise AssertionError("PDL=2 but the PTX has no prefetch.global.L2 before its wait")
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter's jit functions cannot be compiled", file=sys.stderr)
@@ -137,8 +158,7 @@ def main() -> int:
     for name, fn, constexprs, pointers in variants():
         try:
             kernel = compile_for_sm90(fn, constexprs, pointers)
-            if constexprs.get("PDL") and "griddepcontrol.wait" not in kernel.asm["ptx"]:
-                raise AssertionError("PDL=True but the PTX has no griddepcontrol.wait")
+            check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0))
             print(
                 f"ok {name} (layout conversions in loops: {converts_in_loops(kernel.asm['ttgir'])})",
                 flush=True,

@@ -9,6 +9,10 @@ exactly that of ordinary launches; only the launch and the programs' start are o
 
 The fused tensor-core matmul (batched decode) and the prefill attention are launched ordinarily:
 with the matmul under PDL the 7B's decode of 16 sequences ran 0.933x (H200, 2026-12-04).
+
+The kernels' `PDL` constexpr: 0 (False) an ordinary launch, 1 PDL, 2 PDL with the decode matvecs'
+`prefetch_weights` before the wait: weights are never written by a kernel, so a matvec's programs,
+resident while the kernel before them runs, can already pull their first weights into L2.
 """
 
 from __future__ import annotations
@@ -50,10 +54,27 @@ def await_inputs(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-def launch_args(device: torch.device) -> dict[str, bool]:
-    """The extra arguments for launching a kernel that calls `await_inputs`: PDL on a CUDA GPU of
-    compute capability 9.0 or later (unless STRATA_PDL=0) while a CUDA graph is being captured: the
-    decode steps, whose launch gaps it hides. Nothing otherwise, an ordinary launch: Triton's
+@triton.jit
+def prefetch_weights(plane_ptr, rows, stride, start, end, STEP: tl.constexpr, PDL: tl.constexpr):
+    """With PDL 2, before `await_inputs`: ask L2 for elements [start, start + 2 STEP) of the weight
+    plane's `rows` (row stride `stride`, elements of plane_ptr's type; clamped below `end`, the
+    program's last element), the first two K steps of the program's loop, one request per 128-byte
+    line. `rows` (BLOCK_N,) must be valid rows; STEP a power of two."""
+    if PDL == 2:
+        PER_LINE: tl.constexpr = 1024 // plane_ptr.dtype.element_ty.primitive_bitwidth
+        LINES: tl.constexpr = (2 * STEP + PER_LINE - 1) // PER_LINE
+        at = tl.maximum(tl.minimum(start + tl.arange(0, LINES) * PER_LINE, end - 1), 0)
+        ptrs = plane_ptr + rows[:, None] * stride + at[None, :]
+        # No result: the asm's dummy output is never read, and is_pure=False keeps it.
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+def launch_args(device: torch.device) -> dict[str, bool | int]:
+    """The extra arguments for launching a kernel that calls `await_inputs`: PDL at STRATA_PDL's level
+    (unless 0) on a CUDA GPU of compute capability 9.0 or later while a CUDA graph is being captured:
+    the decode steps, whose launch gaps it hides. Nothing otherwise, an ordinary launch: Triton's
     interpreter, older GPUs, and eager launches (prefill), where it was not measured faster."""
     if device.type != "cuda" or not env.pdl() or not AVAILABLE:
         return {}
@@ -61,7 +82,7 @@ def launch_args(device: torch.device) -> dict[str, bool]:
         return {}
     if not _supports_pdl(torch.cuda.current_device() if device.index is None else device.index):
         return {}
-    return {"PDL": True, "launch_pdl": True}
+    return {"PDL": env.pdl(), "launch_pdl": True}
 
 
 @functools.cache
