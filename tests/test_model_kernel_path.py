@@ -146,3 +146,13 @@ def test_gpu_pdl_levels_match_cpu_reference(monkeypatch, level: str, tmp_path: P
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64) == ref
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, cuda_graphs=False) == ref
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == bf16
+
+
+@cuda_only
+def test_gpu_quantization_in_the_norm_keeps_the_tokens(monkeypatch, tmp_path: Path) -> None:
+    # bf16 (int8 matvecs for Q4_K and Q6_K), graphs: the norms' int8 outputs are quantize_x's, bit for bit.
+    path = tmp_path / "m.gguf"
+    write_layout(path, load_layout("qwen2.5-1.5b-tiny"), seed=0)
+    expected = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
+    monkeypatch.setenv("STRATA_QUANT_IN_NORM", "1")
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected

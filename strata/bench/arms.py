@@ -15,6 +15,7 @@ ENV_OPTIONS = {
     "int8_x": "STRATA_INT8_X",  # types joined by "+", e.g. int8_x=Q4_K+Q6_K
     "act_in_quant": "STRATA_ACT_IN_QUANT",
     "pdl": "STRATA_PDL",
+    "quant_in_norm": "STRATA_QUANT_IN_NORM",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

@@ -6,11 +6,15 @@ in the order of Q4_K's planar nibbles (PLANAR, see `_matvec_q4k_int8`) or in ele
 holds elements 4j .. 4j + 3, byte b element 4j + b), which the byte-per-weight types read.
 """
 
+import torch
 import triton
 import triton.language as tl
 
 from strata.kernels.activation import gated_value
 from strata.kernels.pdl import await_inputs
+
+# x quantized for the int8 matvecs: int32 words of four int8, the scales dx, the fp32 sums of x.
+Int8X = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @triton.jit
@@ -30,7 +34,17 @@ def quantize_x_kernel(
     if ACT != 0:
         u = tl.load(up_ptr + m * stride_um + s[:, None] * 32 + e[None, :], mask=sv[:, None], other=0)
         x = gated_value(x.to(tl.float32), u.to(tl.float32), ACT == 2).to(x_ptr.dtype.element_ty)
-    x = x.to(tl.float32)
+    n_sub = K // 32
+    xq_row, xd_row, xs_row = xq_ptr + m * n_sub * 8, xd_ptr + m * n_sub, xs_ptr + m * n_sub
+    store_int8(x.to(tl.float32), s, sv, xq_row, xd_row, xs_row, NSB, PLANAR)
+
+
+@triton.jit
+def store_int8(x, s, sv, xq_row, xd_row, xs_row, NSB: tl.constexpr, PLANAR: tl.constexpr):
+    """Quantize sub-blocks s (NSB,) of one row, x (NSB, 32) fp32, and store them where `sv`: their
+    words at xq_row + 8 s, dx at xd_row + s, the sums of x at xs_row + s (the layout of `quantize_x`).
+    NSB is passed, not read from x.shape (a shape built so inside a nested jit function reaches
+    Triton's compiler as tensors)."""
     amax = tl.max(tl.abs(x), 1)
     # Correctly rounded divisions (the GPU's default fp32 `/` is approximate), so that the interpreter
     # and the GPU round every x alike; no 1 / 0, even where unused.
@@ -44,14 +58,9 @@ def quantize_x_kernel(
         words = tl.sum(b, 1)  # (NSB, 8): word 4h + r; the shifted bytes do not overlap
     else:  # element e = 4j + b goes to byte b of word j
         words = tl.sum(tl.reshape(q & 255, (NSB, 8, 4)) << (8 * tl.arange(0, 4))[None, None, :], 2)
-    n_sub = K // 32
-    tl.store(xq_ptr + m * n_sub * 8 + s[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=sv[:, None])
-    tl.store(
-        xd_ptr + m * n_sub + s,
-        tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float32),
-        mask=sv,
-    )
-    tl.store(xs_ptr + m * n_sub + s, tl.sum(x, 1), mask=sv)
+    tl.store(xq_row + s[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=sv[:, None])
+    tl.store(xd_row + s, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=sv)
+    tl.store(xs_row + s, tl.sum(x, 1), mask=sv)
 
 
 @triton.jit

@@ -87,7 +87,20 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             )
         planar = q4_k_planar_matvec_kernel
         out.append((f"Q4_K planar {name}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
-    return out + matmul_variants()
+    return out + matmul_variants() + norm_variants()
+
+
+def norm_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
+    """The RMSNorm with its int8 outputs (`rms_norm_int8`) at the 0.5B's and the 7B's widths."""
+    from strata.kernels.rms_norm import _rms_norm_kernel
+
+    pointers = {"r_ptr": "*bf16", "w_ptr": "*fp32", **{f"{n}_ptr": "*fp32" for n in ("dp", "sp", "de", "se")}}
+    return [
+        (f"rms_norm int8={int8} block={block}", _rms_norm_kernel, consts, pointers)
+        for block in (1024, 4096)
+        for int8 in (0, 3)
+        for consts in [dict(BLOCK=block, ONE_TILE=True, HAS_RESIDUAL=True, INT8=int8, PDL=True)]
+    ]
 
 
 def matmul_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:

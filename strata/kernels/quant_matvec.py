@@ -16,7 +16,7 @@ import triton
 from gguf.constants import GGMLQuantizationType
 
 from strata import env
-from strata.kernels._int8_x import quantize_x_kernel
+from strata.kernels._int8_x import Int8X, quantize_x_kernel
 from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
 from strata.kernels._matvec_legacy import q4_0_matvec_kernel, q5_0_matvec_kernel, q8_0_matvec_kernel
 from strata.kernels._matvec_legacy_int8 import legacy_int8_matvec_kernel
@@ -162,13 +162,15 @@ def quant_matvec(
     bias: torch.Tensor | None = None,
     up: torch.Tensor | None = None,
     act: str = "silu",
+    x_int8: dict[bool, Int8X] | None = None,
 ) -> torch.Tensor:
     """y = x @ W^T (+ bias) for x (M, k) and a GGUF-quantized W (n, k); returns y (M, n) in x's dtype.
 
     `bias` (n,), any float dtype, is added to the fp32 sums before their one rounding to y's dtype.
     With `up` (like x), the input is the gated activation act(x) * up (`act` "silu" or "gelu_tanh", the
     values of `strata.kernels.activation`): computed inside x's int8 quantization where the int8 path
-    runs (no launch of its own), else by that module first.
+    runs (no launch of its own), else by that module first. `x_int8`: x already quantized, by order
+    (True planar), as `quantize_x` would (e.g. by `rms_norm_int8`); used where the int8 path runs.
 
     `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
     `PackedQuantWeight` from `pack_quant_weight` (pack once at load). `out`, when given, is written in
@@ -214,10 +216,7 @@ def quant_matvec(
         )
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     planar = packed.layout == "planar"
-    # 16-bit x goes int8 for the types STRATA_INT8_X names (by default Q4_K, planar layout only, and Q6_K).
-    by_default = (
-        (planar or qtype in _INT8_TYPES) and x.dtype != torch.float32 and qtype.name in env.int8_x_types()
-    )
+    by_default = x.dtype != torch.float32 and int8_order(packed) is not None
     cfg = config or default_config(qtype, m, n, k, num_sms, planar_int8=planar and by_default)
     kernel, unit = _Q4_K_PLANAR if planar else _KERNELS[qtype]
     if cfg.block_k % unit:
@@ -258,7 +257,8 @@ def quant_matvec(
     dest = (ws, out, locks, out if bias is None else bias)
     tensors, strides = _kernel_args(packed)
     if int8_x:
-        xq = quantize_x(x, planar=planar, up=up, act=act)
+        ready = None if x_int8 is None or up is not None else x_int8.get(planar)
+        xq = ready if ready is not None else quantize_x(x, planar=planar, up=up, act=act)
         _int8_matvec(qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg)
     else:
         kernel[grid](
@@ -296,9 +296,42 @@ def split_locks(device: torch.device, tiles: int) -> torch.Tensor:
     return sets[-1]
 
 
+def int8_order(w: PackedQuantWeight) -> bool | None:
+    """The order in which the matvec quantizes 16-bit x for `w` (True: Q4_K's planar order, False:
+    element order), or None where it multiplies 16-bit x as it is: int8 for the types STRATA_INT8_X
+    names (by default Q4_K, planar layout only, and Q6_K)."""
+    planar = w.layout == "planar"
+    if (planar or w.qtype in _INT8_TYPES) and w.qtype.name in env.int8_x_types():
+        return planar
+    return None
+
+
+def attach_int8(x: torch.Tensor, quantized: dict[bool, Int8X]) -> torch.Tensor:
+    """Record on the tensor object x its int8 quantizations (by order, made from x as it is now) for
+    `attached_int8`; returns x. A later in-place change of x voids them where torch counts x's
+    versions (not in inference mode: there the one writer of x, its norm, and its readers, the
+    projections, change nothing in place in between)."""
+    x._strata_int8 = (_version(x), quantized)  # type: ignore[attr-defined]
+    return x
+
+
+def attached_int8(x: torch.Tensor) -> dict[bool, Int8X] | None:
+    """x's quantizations from `attach_int8`, if x is unchanged since (the same tensor object only: a
+    view or reshape of x has none)."""
+    found = getattr(x, "_strata_int8", None)
+    return found[1] if found is not None and found[0] == _version(x) else None
+
+
+def _version(x: torch.Tensor) -> int | None:
+    try:
+        return x._version
+    except RuntimeError:  # an inference-mode tensor counts no versions
+        return None
+
+
 def quantize_x(
     x: torch.Tensor, planar: bool = True, up: torch.Tensor | None = None, act: str = "silu"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Int8X:
     """(M, K) x -> per 32-element sub-block: int8 values packed four to a word as the int8 matvecs
     read them, (M, K / 4) int32 (in Q4_K planar order, or with `planar` off in element order), their
     scale max|x| / 127 and the fp32 sum of x, both (M, K / 32). With `up`, the row quantized is
@@ -320,7 +353,7 @@ def quantize_x(
 
 def _int8_matvec(
     qtype: GGMLQuantizationType,
-    x_int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    x_int8: Int8X,
     dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     has_bias: bool,
     planes: list[torch.Tensor],

@@ -117,13 +117,16 @@ class QuantLinear(nn.Module):
         if self.packed is None:
             assert self.weight is not None
             return F.linear(x, self.weight, self.bias)
-        from strata.kernels.quant_matvec import quant_matvec
+        from strata.kernels.quant_matvec import attached_int8, quant_matvec
 
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] <= self.matvec_rows:
             n, k = self.out_features, self.in_features
             gate_up = None if up is None else up.reshape(-1, self.in_features)
-            y = quant_matvec(flat, self.packed, self.qtype, n, k, bias=self.bias, up=gate_up, act=act)
+            pre = attached_int8(x)  # x quantized by the norm that made it (`RMSNorm.quantize_for`)
+            y = quant_matvec(
+                flat, self.packed, self.qtype, n, k, bias=self.bias, up=gate_up, act=act, x_int8=pre
+            )
         elif flat.shape[0] < self.dense_rows:
             from strata.kernels.quant_matmul import quant_matmul
 
@@ -189,6 +192,14 @@ class Projections(nn.Module):
             parts["+".join(run)] = group[0] if len(group) == 1 else stack_rows(group, place)
         self.parts = nn.ModuleDict(parts)
         self.sizes = [[layers[n].out_features for n in r] for r in runs]
+
+    def int8_orders(self) -> tuple[bool, ...]:
+        """The orders in which the parts' matvecs quantize 16-bit x (`quant_matvec.int8_order`)."""
+        from strata.kernels.quant_matvec import int8_order
+
+        parts = [p.packed for p in self.parts.values() if isinstance(p, QuantLinear) and p.pad is None]
+        orders = {int8_order(p) for p in parts if p is not None}
+        return tuple(sorted(o for o in orders if o is not None))
 
     @classmethod
     def load(cls, gguf: GGUFFile, prefix: str, names: Sequence[str], place: Placement) -> Projections:

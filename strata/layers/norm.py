@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
+from strata import env
 from strata.gguf.reader import GGUFFile
 from strata.quant import dequantize
+
+if TYPE_CHECKING:
+    from strata.layers.linear import Projections
 
 
 class RMSNorm(nn.Module):
@@ -18,6 +24,16 @@ class RMSNorm(nn.Module):
         weight = dequantize(gguf.tensor_bytes(info.name), info.qtype, info.shape)
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
         self.eps, self.fused = eps, fused
+        # The int8 orders its consumers read (see `quantize_for`); () quantizes nothing here.
+        self.int8_orders: tuple[bool, ...] = ()
+
+    def quantize_for(self, consumers: Projections) -> None:
+        """With STRATA_QUANT_IN_NORM=1 on the kernel path, the decode-sized outputs of `add_and_norm`
+        come with their int8 quantizations for `consumers` (the projections this norm feeds), made in
+        the norm's launch and found by their matvecs (`quant_matvec.attached_int8`)."""
+        if self.fused and env.quant_in_norm():
+            self.int8_orders = consumers.int8_orders()
+            self.matvec_rows = env.kernel_row_limits()[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
@@ -35,9 +51,21 @@ class RMSNorm(nn.Module):
         pass on the kernel path (which updates `residual` in place and returns it). No delta: no add."""
         if delta is None:
             return self(residual), residual
+        if self.fused and self.int8_orders and self._quantizes(delta):
+            from strata.kernels.quant_matvec import attach_int8
+            from strata.kernels.rms_norm import rms_norm_int8
+
+            h, int8 = rms_norm_int8(delta, self.weight, self.eps, self.int8_orders, residual=residual)
+            return attach_int8(h, int8), residual
         if self.fused:
             from strata.kernels.rms_norm import rms_norm
 
             return rms_norm(delta, self.weight, self.eps, residual=residual), residual
         summed = residual + delta
         return self(summed), summed
+
+    def _quantizes(self, x: torch.Tensor) -> bool:
+        """Whether x's norm is one the int8 matvecs read: decode rows of 16-bit activations (whose width
+        `rms_norm_int8` takes: whole sub-blocks, one tile)."""
+        rows_ok = x.dim() == 2 and x.shape[0] <= self.matvec_rows
+        return rows_ok and x.dtype != torch.float32 and x.shape[-1] % 32 == 0 and x.shape[-1] <= 8192

@@ -35,6 +35,8 @@ class LlamaBlock(nn.Module):
         self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", spec.rms_eps, place.kernels)
         self.gate_up = Projections.load(gguf, p, ("ffn_gate", "ffn_up"), place)
         self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
+        self.attn_norm.quantize_for(self.qkv_proj)
+        self.ffn_norm.quantize_for(self.gate_up)
         rotary = RotaryEmbedding(spec.rope_dim, spec.rope_base, spec.rope_layout, spec.rope_scale)
         self.attn = Attention(
             layer, self.num_heads, self.num_kv_heads, spec.attn_scale, None, rotary, place.kernels
