@@ -83,13 +83,8 @@ def test_env_and_argument_errors(monkeypatch):
 @pytest.mark.parametrize("arch", ["llama"])  # SwiGLU; GeGLU is checked bit for bit above (CI time)
 def test_whole_model_tokens_unchanged(monkeypatch, arch: str, tmp_path):
     # bf16 on the kernel path, so that the down projections' matvec runs on int8 x.
-    from strata.engine.llm_engine import EngineConfig, LLMEngine
-    from strata.engine.sampler import SamplingParams
-    from strata.gguf.reader import GGUFFile
-    from strata.gguf.spec import ModelSpec
     from strata.gguf.synth import SynthSpec, write_synthetic
-    from strata.models import build_model
-    from strata.prompt.tokenizer import Tokenizer
+    from tests.synthetic_decode import greedy_kernel_path
 
     heads, kv_heads, head_dim = (2, 1, 256) if arch == "gemma3" else (4, 2, 64)
     spec = SynthSpec(
@@ -106,16 +101,7 @@ def test_whole_model_tokens_unchanged(monkeypatch, arch: str, tmp_path):
     def greedy(act_in_quant: str) -> list[int]:
         monkeypatch.setenv("STRATA_ACT_IN_QUANT", act_in_quant)
         calls.clear()
-        gguf = GGUFFile(path)
-        model = build_model(gguf, ModelSpec.from_gguf(gguf), dtype=torch.bfloat16, device=DEVICE)
-        assert model.place.kernels
-        engine = LLMEngine(
-            model, Tokenizer.from_gguf(gguf.metadata), EngineConfig(num_blocks=16, cuda_graphs=False)
-        )
-        request = engine.add_request(list(range(3, 12)), SamplingParams(max_tokens=3, ignore_eos=True))
-        while engine.has_unfinished():
-            engine.step()
-        return list(request.output_ids)
+        return greedy_kernel_path(path, DEVICE)
 
     fused_ids, fused_calls = greedy("1"), len(calls)
     assert fused_ids == greedy("0")

@@ -77,13 +77,8 @@ def test_env(monkeypatch):
 
 def test_whole_model_tokens_unchanged_with_fewer_launches(monkeypatch, tmp_path):
     # bf16 on the kernel path, Q8_0 weights on int8 x (gguf writes no K-quants), llama blocks.
-    from strata.engine.llm_engine import EngineConfig, LLMEngine
-    from strata.engine.sampler import SamplingParams
-    from strata.gguf.reader import GGUFFile
-    from strata.gguf.spec import ModelSpec
     from strata.gguf.synth import SynthSpec, write_synthetic
-    from strata.models import build_model
-    from strata.prompt.tokenizer import Tokenizer
+    from tests.synthetic_decode import greedy_kernel_path
 
     spec = SynthSpec(
         "llama", hidden_size=256, ffn_size=512, num_heads=4, num_kv_heads=2, head_dim=64, weight_type=T.Q8_0
@@ -97,15 +92,7 @@ def test_whole_model_tokens_unchanged_with_fewer_launches(monkeypatch, tmp_path)
     def greedy(in_norm: str) -> list[int]:
         monkeypatch.setenv("STRATA_QUANT_IN_NORM", in_norm)
         calls.clear()
-        gguf = GGUFFile(path)
-        model = build_model(gguf, ModelSpec.from_gguf(gguf), dtype=torch.bfloat16, device=DEVICE)
-        engine = LLMEngine(
-            model, Tokenizer.from_gguf(gguf.metadata), EngineConfig(num_blocks=16, cuda_graphs=False)
-        )
-        request = engine.add_request(list(range(3, 12)), SamplingParams(max_tokens=3, ignore_eos=True))
-        while engine.has_unfinished():
-            engine.step()
-        return list(request.output_ids)
+        return greedy_kernel_path(path, DEVICE)
 
     fused_ids, fused_calls = greedy("1"), len(calls)
     assert fused_ids == greedy("0")

@@ -176,7 +176,7 @@ def _launch(
         block = min(triton.next_power_of_2(hidden), _MAX_BLOCK)
     elif block < 1 or block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
-    rows, subs = x.numel() // hidden, hidden // 32
+    rows, subs = x.numel() // max(hidden, 1), hidden // 32
     int8 = {
         planar: (
             torch.empty(rows, subs * 8, dtype=torch.int32, device=x.device),
