@@ -82,7 +82,7 @@ def act_in_quant() -> bool:
 def quant_in_norm() -> bool:
     """STRATA_QUANT_IN_NORM=1 (opt-in until timed): on the GPU kernel path, an RMSNorm whose output
     feeds int8 matvecs (decode's q/k/v and gate/up projections) also quantizes that output to int8,
-    in each order its consumers read, in its own launch (`kernels.rms_norm.rms_norm_int8`): the same
+    in each order its consumers read, in its own launch (`kernels.rms_norm_int8`): the same
     values bit for bit, one launch fewer per order (the 7B: three per layer)."""
     value = os.environ.get("STRATA_QUANT_IN_NORM", "") or "0"
     if value not in ("0", "1"):

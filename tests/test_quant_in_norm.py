@@ -15,7 +15,8 @@ from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
 from strata import env  # noqa: E402
-from strata.kernels.rms_norm import rms_norm, rms_norm_int8  # noqa: E402
+from strata.kernels.rms_norm import rms_norm  # noqa: E402
+from strata.kernels.rms_norm_int8 import rms_norm_int8  # noqa: E402
 
 T = GGMLQuantizationType
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,14 +31,15 @@ def inputs(rows: int, hidden: int, dtype: torch.dtype, seed: int) -> tuple[torch
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("rows,hidden", [(1, 896), (3, 256), (2, 3584), (1, 32)])
+@pytest.mark.parametrize("rows,hidden", [(1, 896), (3, 256), (2, 3584), (1, 32), (1, 1056)])
 @pytest.mark.parametrize("orders", [(True,), (False,), (False, True)], ids=["planar", "element", "both"])
 def test_bit_equal_to_norm_then_quantization(dtype, rows, hidden, orders):
     x, residual, weight = inputs(rows, hidden, dtype, seed=rows * hidden)
-    expected_residual = residual.clone()
+    expected_residual, before = residual.clone(), residual.clone()
     expected = rms_norm(x, weight, 1e-6, residual=expected_residual)
-    out, int8 = rms_norm_int8(x, weight, 1e-6, orders, residual=residual)
-    assert torch.equal(out, expected) and torch.equal(residual, expected_residual)
+    out, summed, int8 = rms_norm_int8(x, weight, 1e-6, orders, residual=residual)
+    assert torch.equal(out, expected) and torch.equal(summed, expected_residual)
+    assert torch.equal(residual, before)  # out of place
     assert sorted(int8) == sorted(orders)
     for planar in orders:
         want = quant_matvec.quantize_x(expected, planar=planar)
@@ -46,8 +48,8 @@ def test_bit_equal_to_norm_then_quantization(dtype, rows, hidden, orders):
 
 def test_without_residual_and_errors():
     x, _, weight = inputs(2, 256, torch.bfloat16, seed=7)
-    out, int8 = rms_norm_int8(x, weight, 1e-5, (True,))
-    assert torch.equal(out, rms_norm(x, weight, 1e-5))
+    out, summed, int8 = rms_norm_int8(x, weight, 1e-5, (True,))
+    assert summed is None and torch.equal(out, rms_norm(x, weight, 1e-5))
     assert all(torch.equal(a, b) for a, b in zip(int8[True], quant_matvec.quantize_x(out), strict=True))
     with pytest.raises(ValueError, match=r"16-bit \(rows, H\) x with H a multiple of 32"):
         rms_norm_int8(x.float(), weight, 1e-5, (True,))

@@ -21,7 +21,7 @@ Int8X = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def quantize_x_kernel(
     x_ptr, up_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, stride_um,
     NSB: tl.constexpr, PLANAR: tl.constexpr, ACT: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, USE_ASM: tl.constexpr = False,
 ):  # fmt: skip
     """Program (m, j) quantizes sub-blocks j * NSB .. of row m. ACT 1 (silu) or 2 (gelu_tanh): the row
     quantized is act(x) * up, rounded to x's dtype as `strata.kernels.activation` stores it."""
@@ -36,22 +36,32 @@ def quantize_x_kernel(
         x = gated_value(x.to(tl.float32), u.to(tl.float32), ACT == 2).to(x_ptr.dtype.element_ty)
     n_sub = K // 32
     xq_row, xd_row, xs_row = xq_ptr + m * n_sub * 8, xd_ptr + m * n_sub, xs_ptr + m * n_sub
-    store_int8(x.to(tl.float32), s, sv, xq_row, xd_row, xs_row, NSB, PLANAR)
+    store_int8(x.to(tl.float32), s, sv, xq_row, xd_row, xs_row, NSB, PLANAR, USE_ASM)
 
 
 @triton.jit
-def store_int8(x, s, sv, xq_row, xd_row, xs_row, NSB: tl.constexpr, PLANAR: tl.constexpr):
+def store_int8(
+    x, s, sv, xq_row, xd_row, xs_row, NSB: tl.constexpr, PLANAR: tl.constexpr, USE_ASM: tl.constexpr
+):
     """Quantize sub-blocks s (NSB,) of one row, x (NSB, 32) fp32, and store them where `sv`: their
     words at xq_row + 8 s, dx at xd_row + s, the sums of x at xs_row + s (the layout of `quantize_x`).
     NSB is passed, not read from x.shape (a shape built so inside a nested jit function reaches
-    Triton's compiler as tensors)."""
+    Triton's compiler as tensors). The same bits in any kernel, with or without FMA contraction: the
+    one product that an add follows is an explicitly rounded multiply (USE_ASM; the interpreter's
+    numpy never contracts)."""
     amax = tl.max(tl.abs(x), 1)
     # Correctly rounded divisions (the GPU's default fp32 `/` is approximate), so that the interpreter
     # and the GPU round every x alike; no 1 / 0, even where unused.
     inv = tl.where(
         amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.maximum(amax, 1e-30)), 0.0
     )
-    v = x * inv[:, None]
+    x_b, inv_b = tl.broadcast(x, inv[:, None])
+    if USE_ASM:  # mul.rn is never fused into an FMA, by LLVM or by ptxas
+        v = tl.inline_asm_elementwise(
+            "mul.rn.f32 $0, $1, $2;", "=f,f,f", [x_b, inv_b], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        v = x_b * inv_b
     q = (v + tl.where(v >= 0, 0.5, -0.5)).to(tl.int32)  # round half away from zero
     if PLANAR:  # element e = 8b + 4h + r goes to byte b of x word (h, r)
         b = tl.reshape(q & 255, (NSB, 4, 8)) << (8 * tl.arange(0, 4))[None, :, None]

@@ -35,7 +35,7 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
     for planar in (False, True):
         for act in (0, 1, 2):
-            consts = {"NSB": 32, "PLANAR": planar, "ACT": act}
+            consts = {"NSB": 32, "PLANAR": planar, "ACT": act, "USE_ASM": True}
             out.append(
                 (f"quantize_x planar={planar} act={act}", quantize_x_kernel, consts, {"up_ptr": "*bf16"})
             )
@@ -92,14 +92,14 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
 def norm_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     """The RMSNorm with its int8 outputs (`rms_norm_int8`) at the 0.5B's and the 7B's widths."""
-    from strata.kernels.rms_norm import _rms_norm_kernel
+    from strata.kernels.rms_norm_int8 import _rms_norm_int8_kernel
 
-    pointers = {"r_ptr": "*bf16", "w_ptr": "*fp32", **{f"{n}_ptr": "*fp32" for n in ("dp", "sp", "de", "se")}}
+    floats = {f"{n}_ptr": "*fp32" for n in ("w", "dp", "sp", "de", "se")}
+    pointers = {"r_ptr": "*bf16", "new_r_ptr": "*bf16", **floats}
+    consts = dict(NSB=32, HAS_RESIDUAL=True, INT8=3, USE_ASM=True, PDL=True)
     return [
-        (f"rms_norm int8={int8} block={block}", _rms_norm_kernel, consts, pointers)
+        (f"rms_norm_int8 block={block}", _rms_norm_int8_kernel, dict(consts, BLOCK=block), pointers)
         for block in (1024, 4096)
-        for int8 in (0, 3)
-        for consts in [dict(BLOCK=block, ONE_TILE=True, HAS_RESIDUAL=True, INT8=int8, PDL=True)]
     ]
 
 

@@ -329,6 +329,11 @@ def _version(x: torch.Tensor) -> int | None:
         return None
 
 
+def use_asm(t: torch.Tensor) -> bool:
+    """Whether kernels on t's device run inline PTX (not in Triton's interpreter, which has twins)."""
+    return t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+
+
 def quantize_x(
     x: torch.Tensor, planar: bool = True, up: torch.Tensor | None = None, act: str = "silu"
 ) -> Int8X:
@@ -345,7 +350,8 @@ def quantize_x(
     gate_up = x if up is None else up  # without `up` the kernel never reads it
     quantize_x_kernel[grid](
         x, gate_up, xq, xd, xs, x.shape[1], x.stride(0), gate_up.stride(0),
-        NSB=32, PLANAR=planar, ACT=0 if up is None else _ACTS[act], enable_fp_fusion=False,
+        NSB=32, PLANAR=planar, ACT=0 if up is None else _ACTS[act], USE_ASM=use_asm(x),
+        enable_fp_fusion=False,
         **launch_args(x.device),
     )  # fmt: skip
     return xq, xd, xs
@@ -372,7 +378,7 @@ def _int8_matvec(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, num_warps=cfg.num_warps, **launch_args(xq.device),
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
-        USE_ASM=xq.is_cuda and os.environ.get("TRITON_INTERPRET") != "1",
+        USE_ASM=use_asm(xq),
     )  # fmt: skip
     # The quant planes as int32 words (each row a whole number of words); scales and d as they are.
     if qtype == _T.Q6_K:

@@ -4,8 +4,8 @@
 x's dtype. With `residual` it is vLLM's fused_add_rms_norm: residual += x in place (rounded to the
 dtype, as torch's `residual + x`), then the norm of the updated residual, so that a block's
 `x = x + attn_out; h = norm(x)` reads and writes each row once. One program per row; a row wider
-than one tile is read twice (sum of squares, then normalize). `rms_norm_int8` also quantizes each
-output row for the int8 matvecs, in the same launch (what `quant_matvec.quantize_x` would write).
+than one tile is read twice (sum of squares, then normalize). `strata.kernels.rms_norm_int8` adds
+the int8 quantization of decode rows.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels._int8_x import Int8X, store_int8
 from strata.kernels.pdl import await_inputs, launch_args
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -38,11 +37,7 @@ def _rms_norm_kernel(
     stride_x0, stride_x1, stride_r0, stride_r1, stride_o0, stride_o1,
     BLOCK: tl.constexpr, ONE_TILE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr = False,
-    qp_ptr=None, dp_ptr=None, sp_ptr=None, qe_ptr=None, de_ptr=None, se_ptr=None,
-    INT8: tl.constexpr = 0,
 ):  # fmt: skip
-    """INT8 (one tile, 2-D x): bit 1 quantizes each output row to int8 in Q4_K's planar order into
-    qp/dp/sp, bit 2 in element order into qe/de/se (`store_int8`, from the rounded output)."""
     await_inputs(PDL)
     # Rows are (outer, inner) pairs so that a (tokens, heads, head_dim) view need not be contiguous.
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31
@@ -59,18 +54,7 @@ def _rms_norm_kernel(
             tl.store(r_row + cols, v.to(r_ptr.dtype.element_ty), mask=mask)
         inv_rms = tl.math.rsqrt(tl.sum(v * v, 0) / H + eps)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        h = (v * inv_rms * w).to(out_ptr.dtype.element_ty)
-        tl.store(o_row + cols, h, mask=mask)
-        if INT8 != 0:
-            NSB: tl.constexpr = BLOCK // 32
-            n_sub = H // 32
-            h = tl.reshape(h.to(tl.float32), (NSB, 32))
-            s = tl.arange(0, NSB)
-            words, subs = row * n_sub * 8, row * n_sub
-            if INT8 & 1:
-                store_int8(h, s, s < n_sub, qp_ptr + words, dp_ptr + subs, sp_ptr + subs, NSB, True)
-            if INT8 & 2:
-                store_int8(h, s, s < n_sub, qe_ptr + words, de_ptr + subs, se_ptr + subs, NSB, False)
+        tl.store(o_row + cols, (v * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         acc = tl.zeros((BLOCK,), tl.float32)
         for start in range(0, H, BLOCK):
@@ -99,56 +83,7 @@ def _check_like(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
         )
 
 
-def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    *,
-    residual: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    block: int | None = None,
-) -> torch.Tensor:
-    """x / rms(x) * weight over the last dim in fp32, in x's dtype; returns `out` (allocated if None).
-
-    x: (rows, H) or (tokens, heads, H) in fp32/fp16/bf16, any strides but a contiguous last dim (a
-    head view of a fused QKV output works as is); weight: (H,) float. With `residual` (x's shape and
-    dtype) the residual is updated in place to residual + x first and the result is the norm of
-    that. `out` may be x itself. `block` is the tile width (a power of two; default H rounded up to
-    one, at most 8192); rows wider than a tile are looped over. No host-device sync: safe to capture
-    in a CUDA graph.
-    """
-    return _launch(x, weight, eps, residual, out, block, ())[0]
-
-
-def rms_norm_int8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    orders: tuple[bool, ...],
-    *,
-    residual: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[bool, Int8X]]:
-    """`rms_norm` of a 16-bit (rows, H) x, H a multiple of 32 and at most 8,192, and its rows quantized
-    for the int8 matvecs in the same launch: for each of `orders` (True: Q4_K's planar order, False:
-    element order) the (words, dx, sums) that `quant_matvec.quantize_x(out, planar)` returns, bit for
-    bit (the quantization reads the rounded output)."""
-    if x.dim() != 2 or x.dtype == torch.float32 or x.shape[-1] % 32 or x.shape[-1] > _MAX_BLOCK:
-        raise ValueError(
-            f"rms_norm_int8 takes a 16-bit (rows, H) x with H a multiple of 32 up to {_MAX_BLOCK}; got "
-            f"{tuple(x.shape)} {x.dtype} (use rms_norm, then quantize_x)"
-        )
-    return _launch(x, weight, eps, residual, None, None, orders)
-
-
-def _launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None,
-    out: torch.Tensor | None,
-    block: int | None,
-    orders: tuple[bool, ...],
-) -> tuple[torch.Tensor, dict[bool, Int8X]]:
+def check_inputs(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None) -> None:
     if x.dtype not in _DTYPES:
         raise TypeError(f"x must be fp32, fp16 or bf16, got {x.dtype}")
     if x.dim() not in (2, 3) or x.stride(-1) != 1:
@@ -168,6 +103,28 @@ def _launch(
         raise ValueError(f"eps must be >= 0, got {eps}")
     if residual is not None:
         _check_like("residual", residual, x)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    block: int | None = None,
+) -> torch.Tensor:
+    """x / rms(x) * weight over the last dim in fp32, in x's dtype; returns `out` (allocated if None).
+
+    x: (rows, H) or (tokens, heads, H) in fp32/fp16/bf16, any strides but a contiguous last dim (a
+    head view of a fused QKV output works as is); weight: (H,) float. With `residual` (x's shape and
+    dtype) the residual is updated in place to residual + x first and the result is the norm of
+    that. `out` may be x itself. `block` is the tile width (a power of two; default H rounded up to
+    one, at most 8192); rows wider than a tile are looped over. No host-device sync: safe to capture
+    in a CUDA graph.
+    """
+    check_inputs(x, weight, eps, residual)
+    hidden = x.shape[-1]
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     else:
@@ -176,17 +133,8 @@ def _launch(
         block = min(triton.next_power_of_2(hidden), _MAX_BLOCK)
     elif block < 1 or block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
-    rows, subs = x.numel() // max(hidden, 1), hidden // 32
-    int8 = {
-        planar: (
-            torch.empty(rows, subs * 8, dtype=torch.int32, device=x.device),
-            torch.empty(rows, subs, dtype=torch.float32, device=x.device),
-            torch.empty(rows, subs, dtype=torch.float32, device=x.device),
-        )
-        for planar in orders
-    }
     if x.numel() == 0:
-        return out, int8
+        return out
 
     # A 2-D x is (rows, 1, H): every row is an `outer` index.
     x3, o3 = (x, out) if x.dim() == 3 else (x[:, None], out[:, None])
@@ -197,10 +145,12 @@ def _launch(
         hidden, x3.shape[1], float(eps),
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), o3.stride(0), o3.stride(1),
         BLOCK=block, ONE_TILE=block >= hidden, HAS_RESIDUAL=residual is not None,
-        num_warps=min(8, max(1, block // 256)),
-        **dict(zip(("qp_ptr", "dp_ptr", "sp_ptr"), int8.get(True, (out,) * 3), strict=True)),
-        **dict(zip(("qe_ptr", "de_ptr", "se_ptr"), int8.get(False, (out,) * 3), strict=True)),
-        INT8=(True in int8) + 2 * (False in int8),
+        num_warps=warps_for(block),
         **launch_args(x.device),
     )  # fmt: skip
-    return out, int8
+    return out
+
+
+def warps_for(block: int) -> int:
+    """The warps of a norm program over `block` columns (its sum of squares' reduction order)."""
+    return min(8, max(1, block // 256))

@@ -48,15 +48,17 @@ class RMSNorm(nn.Module):
         self, delta: torch.Tensor | None, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + delta), residual + delta): a residual add and the norm after it, in one
-        pass on the kernel path (which updates `residual` in place and returns it). No delta: no add."""
+        pass on the kernel path (which updates `residual` in place and returns it, or, quantizing for
+        int8 projections, returns a new tensor). No delta: no add."""
         if delta is None:
             return self(residual), residual
         if self.fused and self.int8_orders and self._quantizes(delta):
             from strata.kernels.quant_matvec import attach_int8
-            from strata.kernels.rms_norm import rms_norm_int8
+            from strata.kernels.rms_norm_int8 import rms_norm_int8
 
-            h, int8 = rms_norm_int8(delta, self.weight, self.eps, self.int8_orders, residual=residual)
-            return attach_int8(h, int8), residual
+            h, summed, int8 = rms_norm_int8(delta, self.weight, self.eps, self.int8_orders, residual=residual)
+            assert summed is not None
+            return attach_int8(h, int8), summed  # the new residual: written out of place
         if self.fused:
             from strata.kernels.rms_norm import rms_norm
 
