@@ -73,10 +73,7 @@ def act_in_quant() -> bool:
     same values bit for bit, instead of by a launch of its own (one launch fewer per layer and step;
     H200, 2026-12-04: 7B decode 1.015x at one and at eight sequences, 0.5B 0.98-1.01x, within its
     noise). 0 launches the activation on its own."""
-    value = os.environ.get("STRATA_ACT_IN_QUANT", "") or "1"
-    if value not in ("0", "1"):
-        raise ValueError(f"STRATA_ACT_IN_QUANT={value!r} must be 0 or 1; unset it for 1")
-    return value == "1"
+    return _level("STRATA_ACT_IN_QUANT", "1", ("0", "1")) == "1"
 
 
 def quant_in_norm() -> bool:
@@ -84,10 +81,7 @@ def quant_in_norm() -> bool:
     feeds int8 matvecs (decode's q/k/v and gate/up projections) also quantizes that output to int8,
     in each order its consumers read, in its own launch (`kernels.rms_norm_int8`): the same
     values bit for bit, one launch fewer per order (the 7B: three per layer)."""
-    value = os.environ.get("STRATA_QUANT_IN_NORM", "") or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"STRATA_QUANT_IN_NORM={value!r} must be 0 or 1; unset it for 0")
-    return value == "1"
+    return _level("STRATA_QUANT_IN_NORM", "0", ("0", "1")) == "1"
 
 
 def pdl() -> int:
@@ -97,10 +91,16 @@ def pdl() -> int:
     between a step's few hundred small kernels (H200, 2026-12-04: 0.5B decode 1.155x at one sequence
     and 1.166x at 64, 7B 1.042x at one, 0.998x at 16, prefill 0.998x). 0 launches them ordinarily;
     2 (opt-in until timed) also has the decode matvecs ask L2 for their first weights before waiting."""
-    value = os.environ.get("STRATA_PDL", "") or "1"
-    if value not in ("0", "1", "2"):
-        raise ValueError(f"STRATA_PDL={value!r} must be 0, 1 or 2; unset it for 1")
-    return int(value)
+    return int(_level("STRATA_PDL", "1", ("0", "1", "2")))
+
+
+def _level(name: str, default: str, allowed: tuple[str, ...]) -> str:
+    """The value of the setting `name`, one of `allowed` (unset or empty: `default`)."""
+    value = os.environ.get(name, "") or default
+    if value not in allowed:
+        choices = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
+        raise ValueError(f"{name}={value!r} must be {choices}; unset it for {default}")
+    return value
 
 
 INT8_X_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")

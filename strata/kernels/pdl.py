@@ -76,13 +76,12 @@ def launch_args(device: torch.device) -> dict[str, bool | int]:
     (unless 0) on a CUDA GPU of compute capability 9.0 or later while a CUDA graph is being captured:
     the decode steps, whose launch gaps it hides. Nothing otherwise, an ordinary launch: Triton's
     interpreter, older GPUs, and eager launches (prefill), where it was not measured faster."""
-    if device.type != "cuda" or not env.pdl() or not AVAILABLE:
-        return {}
-    if not torch.cuda.is_current_stream_capturing():
+    level = env.pdl()
+    if device.type != "cuda" or not level or not AVAILABLE or not torch.cuda.is_current_stream_capturing():
         return {}
     if not _supports_pdl(torch.cuda.current_device() if device.index is None else device.index):
         return {}
-    return {"PDL": env.pdl(), "launch_pdl": True}
+    return {"PDL": level, "launch_pdl": True}
 
 
 @functools.cache

@@ -54,6 +54,12 @@ def _rms_norm_int8_kernel(
         store_int8(h, s, sv, qe_ptr + words, de_ptr + subs, se_ptr + subs, NSB, False, USE_ASM)
 
 
+def takes(x: torch.Tensor) -> bool:
+    """Whether `rms_norm_int8` takes x: 16-bit (rows, H), H whole sub-blocks in one tile."""
+    hidden = x.shape[-1]
+    return x.dim() == 2 and x.dtype != torch.float32 and hidden % 32 == 0 and hidden <= _MAX_BLOCK
+
+
 def rms_norm_int8(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -68,7 +74,7 @@ def rms_norm_int8(
     planar order, False: element order) what `quant_matvec.quantize_x(out, planar)` returns."""
     check_inputs(x, weight, eps, residual)
     hidden = x.shape[-1]
-    if x.dim() != 2 or x.dtype == torch.float32 or hidden % 32 or hidden > _MAX_BLOCK:
+    if not takes(x):
         raise ValueError(
             f"rms_norm_int8 takes a 16-bit (rows, H) x with H a multiple of 32 up to {_MAX_BLOCK}; got "
             f"{tuple(x.shape)} {x.dtype} (use rms_norm, then quantize_x)"

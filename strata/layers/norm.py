@@ -67,7 +67,7 @@ class RMSNorm(nn.Module):
         return self(summed), summed
 
     def _quantizes(self, x: torch.Tensor) -> bool:
-        """Whether x's norm is one the int8 matvecs read: decode rows of 16-bit activations (whose width
-        `rms_norm_int8` takes: whole sub-blocks, one tile)."""
-        rows_ok = x.dim() == 2 and x.shape[0] <= self.matvec_rows
-        return rows_ok and x.dtype != torch.float32 and x.shape[-1] % 32 == 0 and x.shape[-1] <= 8192
+        """Whether x's norm is one the int8 matvecs read: decode rows that `rms_norm_int8` takes."""
+        from strata.kernels.rms_norm_int8 import takes
+
+        return takes(x) and x.shape[0] <= self.matvec_rows
