@@ -77,11 +77,13 @@ def act_in_quant() -> bool:
 
 
 def quant_in_norm() -> bool:
-    """STRATA_QUANT_IN_NORM=1 (opt-in until timed): on the GPU kernel path, an RMSNorm whose output
-    feeds int8 matvecs (decode's q/k/v and gate/up projections) also quantizes that output to int8,
-    in each order its consumers read, in its own launch (`kernels.rms_norm_int8`): the same
-    values bit for bit, one launch fewer per order (the 7B: three per layer)."""
-    return _level("STRATA_QUANT_IN_NORM", "0", ("0", "1")) == "1"
+    """STRATA_QUANT_IN_NORM (default 1): on the GPU kernel path, an RMSNorm whose output feeds int8
+    matvecs (decode's q/k/v and gate/up projections, up to STRATA_MATVEC_ROWS rows) also quantizes that
+    output to int8, in each order its consumers read, in its own launch (`kernels.rms_norm_int8`): the
+    same values bit for bit, one launch fewer per order (the 7B: three per layer; H200, 2026-12-04:
+    7B decode 1.028x at one sequence, 1.002x at eight, which it leaves alone). 0 quantizes in the
+    matvecs' own `quantize_x` launches."""
+    return _level("STRATA_QUANT_IN_NORM", "1", ("0", "1")) == "1"
 
 
 def pdl() -> int:
@@ -90,7 +92,8 @@ def pdl() -> int:
     before it finishes and wait for it in the kernel (`strata.kernels.pdl`), hiding the launch gaps
     between a step's few hundred small kernels (H200, 2026-12-04: 0.5B decode 1.155x at one sequence
     and 1.166x at 64, 7B 1.042x at one, 0.998x at 16, prefill 0.998x). 0 launches them ordinarily;
-    2 (opt-in until timed) also has the decode matvecs ask L2 for their first weights before waiting."""
+    2 (opt-in until timed) also has the fp32-x Q8_0 and Q5_0 matvecs (the 0.5B's) ask L2 for their
+    first weights before waiting."""
     return int(_level("STRATA_PDL", "1", ("0", "1", "2")))
 
 

@@ -153,6 +153,7 @@ def test_gpu_quantization_in_the_norm_keeps_the_tokens(monkeypatch, tmp_path: Pa
     # bf16 (int8 matvecs for Q4_K and Q6_K), graphs: the norms' int8 outputs are quantize_x's, bit for bit.
     path = tmp_path / "m.gguf"
     write_layout(path, load_layout("qwen2.5-1.5b-tiny"), seed=0)
+    monkeypatch.setenv("STRATA_QUANT_IN_NORM", "0")
     expected = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
-    monkeypatch.setenv("STRATA_QUANT_IN_NORM", "1")
+    monkeypatch.delenv("STRATA_QUANT_IN_NORM")  # the default: quantized in the norm
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected

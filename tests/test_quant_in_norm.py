@@ -71,9 +71,11 @@ def test_attached_quantization_is_voided_by_a_change():
 
 def test_env(monkeypatch):
     monkeypatch.delenv("STRATA_QUANT_IN_NORM", raising=False)
+    assert env.quant_in_norm() is True
+    monkeypatch.setenv("STRATA_QUANT_IN_NORM", "0")
     assert env.quant_in_norm() is False
     monkeypatch.setenv("STRATA_QUANT_IN_NORM", "yes")
-    with pytest.raises(ValueError, match="STRATA_QUANT_IN_NORM='yes' must be 0 or 1; unset it for 0"):
+    with pytest.raises(ValueError, match="STRATA_QUANT_IN_NORM='yes' must be 0 or 1; unset it for 1"):
         env.quant_in_norm()
 
 

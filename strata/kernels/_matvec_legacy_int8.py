@@ -15,7 +15,7 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dot_rows, _x_rows
-from strata.kernels.pdl import await_inputs, prefetch_weights
+from strata.kernels.pdl import await_inputs
 
 # The GGML ids of the two types, for the kernel's constexpr branch.
 Q5_0: tl.constexpr = tl.constexpr(6)
@@ -53,8 +53,6 @@ def legacy_int8_matvec_kernel(
     j = tl.arange(0, 8)[None, None, :]
     n_blocks = K // 32
     lo, hi = split_range(n_blocks, NB, SPLIT_K)
-    WORDS: tl.constexpr = 8 if QTYPE == Q8_0 else 4  # quant words per block
-    prefetch_weights(qs_ptr, rc1, stride_qs, lo * WORDS, hi * WORDS, BLOCK_K // 32 * WORDS, PDL)
     await_inputs(PDL)
     acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):

@@ -19,7 +19,7 @@ import triton.language as tl
 from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
 from strata.kernels._int8_x import _dp4a
 from strata.kernels._matvec_q4k_planar import _loads
-from strata.kernels.pdl import await_inputs, prefetch_weights
+from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
@@ -40,7 +40,6 @@ def q4_k_int8_matvec_kernel(
     js = tl.arange(0, NS)
     n_sub = K // 32
     lo, hi = split_range(n_sub, NS, SPLIT_K)
-    prefetch_weights(qs_ptr, rc, stride_qs, lo * 4, hi * 4, BLOCK_K // 8, PDL)
     await_inputs(PDL)
     acc = tl.zeros((BLOCK_N, NS), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
     for s0 in range(lo, hi, NS):

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dp4a
-from strata.kernels.pdl import await_inputs, prefetch_weights
+from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
@@ -61,7 +61,6 @@ def q6_k_int8_matvec_kernel(
     mi = tl.arange(0, M_PAD)
     n_sub = K // 32
     lo, hi = split_range(K // 128, NH, SPLIT_K)
-    prefetch_weights(ql_ptr, rc1, stride_ql, lo * 16, hi * 16, BLOCK_K // 8, PDL)
     await_inputs(PDL)
     # One row of x: a (BLOCK_N, NH, 2) accumulator, in the layout of the step's sums.
     acc = (

@@ -62,17 +62,9 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             # Programmatic dependent launch (strata.kernels.pdl): main() checks the PTX's wait and, at
             # PDL 2, the weight prefetches before it.
             out.append((f"Q4_K int8 {name} flat_acc pdl", q4k, dict(flat, PDL=True), {}))
-            for kernel, consts, pointers in (
-                (q4k, flat, {}),
-                (q6_k_int8_matvec_kernel, int8, {"sc_ptr": "*i8"}),
-                (legacy_int8_matvec_kernel, dict(int8, QTYPE=6), {}),
-                (legacy_int8_matvec_kernel, dict(int8, QTYPE=8), {}),
-                (q8_0_matvec_kernel, tile, {**u8, "qs_ptr": "*i8"}),
-                (q5_0_matvec_kernel, tile, u8q5),
-            ):
-                which = f" {consts['QTYPE']}" if "QTYPE" in consts else ""
-                label = f"{kernel.__name__}{which} {name} pdl prefetch"
-                out.append((label, kernel, dict(consts, PDL=2), pointers))
+            q8_0 = (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"})
+            for kernel, pointers in (q8_0, (q5_0_matvec_kernel, u8q5)):
+                out.append((f"{kernel.__name__} {name} pdl prefetch", kernel, dict(tile, PDL=2), pointers))
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
