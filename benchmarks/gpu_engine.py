@@ -161,11 +161,30 @@ def profile_decode(folder: Path, short: str, out: Path | None) -> None:
     lines += [
         f"  {e.device_time_total / steps:8.1f} us {e.count / steps:6.1f}x  {e.key[:90]}" for e in events[:14]
     ]
+    step = one_step(prof)
+    lines += ["", f"{short}: one decode step's kernels in order (the first 32 and the last 8 of {len(step)})"]
+    lines += step[:32] + ["  ..."] + step[-8:]
     text = "\n".join(lines)
     print(text, flush=True)
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"profile_{short}.txt").write_text(text + "\n\n" + prof.key_averages().table(row_limit=60))
+        table = prof.key_averages().table(row_limit=60)
+        (out / f"profile_{short}.txt").write_text(text + "\n\n" + table + "\n\n" + "\n".join(step))
+
+
+def one_step(prof: torch.profiler.profile) -> list[str]:
+    """The kernels of one decode step in launch order with their times: those between the sampler's
+    argmax of the middle step and the next one (each step ends in one)."""
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: e.time_range.start)
+    ends = [i for i, e in enumerate(kernels) if "ArgMax" in e.name]
+    if len(ends) < 3:
+        return [f"  (no step boundaries found among {len(kernels)} kernel events)"]
+    mid = len(ends) // 2
+    return [
+        f"  {e.time_range.elapsed_us():7.1f} us  {e.name[:90]}"
+        for e in kernels[ends[mid] + 1 : ends[mid + 1] + 1]
+    ]
 
 
 def main() -> int:

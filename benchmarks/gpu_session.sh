@@ -12,7 +12,8 @@
 #      stand for the synthetic 7B and 0.5B files; a strata@REV arm needs this tree's .git: `carry` refuses
 #      .git, so copy it here as .gitcopy, carry that, and start the command with `rm -rf .git && mv
 #      .gitcopy .git` (the machine has a .git of another commit; never `git checkout` there)
-#   4e. Nsight Compute on single kernels: NCU_CASES="ncu_matvec.py args;..." (speed of light, occupancy,
+#   4e. Nsight Compute on single kernels: NCU_CASES="ncu_matvec.py args;..." (NCU_SECTIONS, ncu's
+#      section options, replace the default: speed of light, occupancy,
 #      warp stalls; full reports in $OUT/ncu.txt)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
 #      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py shows
@@ -88,8 +89,8 @@ if [ -n "${NCU_CASES:-}" ]; then
     for case in "${cases[@]}"; do
         echo "== ncu: $case" | tee -a "$OUT/ncu.txt"
         timeout 120 ncu --clock-control none -k regex:'matvec|matmul' --launch-skip 3 --launch-count 1 \
-            --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-            --section MemoryWorkloadAnalysis python3 benchmarks/ncu_matvec.py $case >>"$OUT/ncu.txt" 2>&1
+            ${NCU_SECTIONS:---section SpeedOfLight --section Occupancy --section WarpStateStats --section \
+            LaunchStats --section MemoryWorkloadAnalysis} python3 benchmarks/ncu_matvec.py $case >>"$OUT/ncu.txt" 2>&1
         grep -E "^  [a-z_0-9]+|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occ|Theoretical Occ|Stall" \
             "$OUT/ncu.txt" | tail -n +1 | grep -v "^==" | tail -14
     done
