@@ -84,6 +84,7 @@ def configs(
         int8 = MatvecConfig(8, 256, 2, int8_x=True)
         extra = [int8, replace(int8, rows_at_once=True)] if layout == "planar" else []
         extra += [replace(int8, flat_acc=True)] if layout == "planar" and m == 1 else []
+        extra += [replace(int8, flat_acc=True, scalar_scales=True)] if layout == "planar" and m == 1 else []
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         if int8_only:
             return extra
@@ -116,6 +117,8 @@ def configs(
             out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once))
             if m == 1 and ((planar and int8) or (qtype == T.Q5_0 and int8 is None)):  # and a flat accumulator
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True))
+            if m == 1 and planar and int8:  # and the scales loaded in the words' layout
+                out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True))
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
@@ -232,6 +235,14 @@ def main() -> int:
             print(f"{model} {name} {qtype.name}: best tensor-core {b[1]:.2f} us {b[0]}", flush=True)
         print(f"{model} {name} {qtype.name}: default {default_us:.2f} us, best {best[1]:.2f} us {best[0]}",
               flush=True)  # fmt: skip
+        scalar = [r for r in timed if getattr(r[0], "scalar_scales", False)]
+        if scalar and isinstance(default, MatvecConfig):
+            # The scales loaded in the words' layout against the vectorized loads, tile for tile.
+            same = replace(default, scalar_scales=not default.scalar_scales)
+            same_us = next((us for cfg, us in results if cfg == same), math.nan)
+            vector, scalar_us = min(r[1] for r in timed if r not in scalar), min(r[1] for r in scalar)
+            print(f"{model} {name}: default {default_us:.2f} us, scalar_scales flipped {same_us:.2f} us; "
+                  f"best vector {vector:.2f}, best scalar {scalar_us:.2f} us", flush=True)  # fmt: skip
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_matvec_graph.json").write_text(json.dumps({"ceiling_gbs": ceiling, "rows": rows}))

@@ -30,10 +30,12 @@ def q4_k_int8_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr, ROWS_AT_ONCE: tl.constexpr,
     FLAT_ACC: tl.constexpr = False,
+    SCALAR_SCALES: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
-    (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums."""
+    (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums.
+    SCALAR_SCALES: the scales loaded in the words' thread layout (`_loads`' SCALAR); the same sums."""
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
@@ -45,8 +47,9 @@ def q4_k_int8_matvec_kernel(
     for s0 in range(lo, hi, NS):
         s = s0 + js
         sv = s < hi
+        strides = (stride_qs, stride_sc, stride_mn, stride_dm)
         words, sc, mn, d, dmin = _loads(
-            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, stride_qs, stride_sc, stride_mn, stride_dm
+            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, SCALAR=SCALAR_SCALES
         )  # words (BLOCK_N, NS, 4)
         w_lo = words & 0x0F0F0F0F
         w_hi = (words >> 4) & 0x0F0F0F0F

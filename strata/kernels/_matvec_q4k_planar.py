@@ -16,14 +16,24 @@ from strata.kernels.pdl import await_inputs
 
 
 @triton.jit
-def _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, stride_qs, stride_sc, stride_mn, stride_dm):
-    """The raw planes of sub-blocks s (NS,) of rows rc: words (BLOCK_N, NS, 4), sc, mn, d, dmin."""
+def _loads(
+    qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, stride_qs, stride_sc, stride_mn, stride_dm,
+    SCALAR: tl.constexpr = False,
+):  # fmt: skip
+    """The raw planes of sub-blocks s (NS,) of rows rc: words (BLOCK_N, NS, 4), sc, mn, d, dmin.
+
+    SCALAR: the scales' offsets pass through a select, which hides their contiguity from Triton, so
+    their loads are not vectorized and take the thread layout of the words' (one sub-block a thread):
+    the products of words and scales then need no layout conversion (shared memory and two barriers)
+    on every step. The same values are loaded."""
     ir = tl.arange(0, 4)
     words = tl.load(
         qs_ptr + rc[:, None, None] * stride_qs + 4 * s[None, :, None] + ir[None, None, :],
         mask=sv[None, :, None],
         other=0,
     )
+    if SCALAR:
+        s = tl.where(sv, s, 0)
     sc = tl.load(sc_ptr + rc[:, None] * stride_sc + s[None, :], mask=sv[None, :], other=0)
     mn = tl.load(mn_ptr + rc[:, None] * stride_mn + s[None, :], mask=sv[None, :], other=0)
     dm_at = dm_ptr + rc[:, None] * stride_dm + (s // 8)[None, :] * 2

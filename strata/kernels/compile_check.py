@@ -59,6 +59,7 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         if m == 1:
             flat = dict(int8, ROWS_AT_ONCE=False, FLAT_ACC=True)
             out.append((f"Q4_K int8 {name} flat_acc", q4k, flat, {}))
+            out.append((f"Q4_K int8 {name} flat_acc scalar_scales", q4k, dict(flat, SCALAR_SCALES=True), {}))
             # Programmatic dependent launch (strata.kernels.pdl): main() checks the PTX's wait and, at
             # PDL 2, the weight prefetches before it.
             out.append((f"Q4_K int8 {name} flat_acc pdl", q4k, dict(flat, PDL=True), {}))

@@ -69,7 +69,9 @@ class MatvecConfig:
     (opt-in until timed; the other int8 kernels always work so). `flat_acc` (M = 1; Q4_K's int8
     kernel and Q5_0's fp32 one) keeps the accumulator in the layout of the step's products and reduces
     it once after the loop: Q4_K int8 saves a layout conversion per step, the same sums (its default,
-    measured); Q5_0 three reductions per step, fp32 sums in another order (opt-in until timed)."""
+    measured); Q5_0 three reductions per step, fp32 sums in another order (opt-in until timed).
+    `scalar_scales` (Q4_K's int8 kernel) loads the sub-block scales one per thread in the words'
+    layout instead of vectorized, leaving out a layout conversion per step: the same sums."""
 
     block_n: int = 16
     block_k: int = 256
@@ -79,6 +81,7 @@ class MatvecConfig:
     int8_x: bool | None = None
     rows_at_once: bool = False
     flat_acc: bool = False
+    scalar_scales: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -239,6 +242,8 @@ def quant_matvec(
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
+    if cfg.scalar_scales and not (int8_x and planar):
+        raise ValueError("MatvecConfig.scalar_scales is implemented in Q4_K's int8_x kernel only")
     if cfg.flat_acc and not (m == 1 and not cfg.rows_at_once and ((int8_x and planar) or flat_q5_0)):
         raise ValueError(
             "MatvecConfig.flat_acc is implemented for one row of x in Q4_K's int8_x kernel and Q5_0's fp32"
@@ -399,5 +404,5 @@ def _int8_matvec(
     else:
         q4_k_int8_matvec_kernel[grid](
             xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
-            ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, **common,
+            ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, SCALAR_SCALES=cfg.scalar_scales, **common,
         )  # fmt: skip
