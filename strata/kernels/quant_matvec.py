@@ -118,7 +118,9 @@ def default_config(
         # 512-element tiles' 9.9, 10.2, 9.6, 38.1); 4 warps (q+k+v 8.9 us against 11.1 with 8, q+k and
         # o within 1.5 %) but 8 on long rows (down 25.5 against 26.3).
         warps = 8 if k >= 16384 else 4
-        return MatvecConfig(8, 2048, auto_split_k(n, k, 8, 2048, num_sms), warps, flat_acc=True)
+        return MatvecConfig(
+            8, 2048, auto_split_k(n, k, 8, 2048, num_sms), warps, flat_acc=True, scalar_scales=True
+        )
     if m == 1:
         block_n, block_k, warps = 8, 512, 8 if k <= 1024 else 4
         if n >= 65536:  # an output head: 150k rows
@@ -131,7 +133,7 @@ def default_config(
         # layout conversion per step fewer (faster at every default tile of the 7B sweep, e.g. gate+up
         # 38.3 us against 40.0).
         split = auto_split_k(n, k, block_n, block_k, num_sms)
-        return MatvecConfig(block_n, block_k, split, warps, flat_acc=planar_int8)
+        return MatvecConfig(block_n, block_k, split, warps, flat_acc=planar_int8, scalar_scales=planar_int8)
     block_k = max(_KERNELS[qtype][1], 256 if m <= 4 else 128)
     return MatvecConfig(16, block_k, auto_split_k(n, k, 16, block_k, num_sms))
 
