@@ -87,14 +87,14 @@ def quant_in_norm() -> bool:
 
 
 def pdl() -> int:
-    """STRATA_PDL (default 1): the GPU kernels of a captured decode step are launched with
+    """STRATA_PDL (default 2): the GPU kernels of a captured decode step are launched with
     programmatic dependent launch (Hopper and later): each kernel's programs start while the one
     before it finishes and wait for it in the kernel (`strata.kernels.pdl`), hiding the launch gaps
     between a step's few hundred small kernels (H200, 2026-12-04: 0.5B decode 1.155x at one sequence
-    and 1.166x at 64, 7B 1.042x at one, 0.998x at 16, prefill 0.998x). 0 launches them ordinarily;
-    2 (opt-in until timed) also has the fp32-x Q8_0 and Q5_0 matvecs (the 0.5B's) ask L2 for their
-    first weights before waiting."""
-    return int(_level("STRATA_PDL", "1", ("0", "1", "2")))
+    and 1.166x at 64, 7B 1.042x at one, 0.998x at 16, prefill 0.998x). At 2 the fp32-x Q8_0 and Q5_0
+    matvecs (the 0.5B's) also ask L2 for their first weights before waiting (0.5B decode 1.053x and
+    1.041x at one sequence, 1.007x at four, against 1). 1: PDL without that; 0: ordinary launches."""
+    return int(_level("STRATA_PDL", "2", ("0", "1", "2")))
 
 
 def _level(name: str, default: str, allowed: tuple[str, ...]) -> str:

@@ -20,13 +20,15 @@ from strata.kernels.rms_norm import rms_norm  # noqa: E402
 
 def test_env_values(monkeypatch):
     monkeypatch.delenv("STRATA_PDL", raising=False)
+    assert env.pdl() == 2
+    monkeypatch.setenv("STRATA_PDL", "1")
     assert env.pdl() == 1
     monkeypatch.setenv("STRATA_PDL", "0")
     assert env.pdl() == 0
     monkeypatch.setenv("STRATA_PDL", "2")
     assert env.pdl() == 2
     monkeypatch.setenv("STRATA_PDL", "on")
-    with pytest.raises(ValueError, match="STRATA_PDL='on' must be 0, 1 or 2; unset it for 1"):
+    with pytest.raises(ValueError, match="STRATA_PDL='on' must be 0, 1 or 2; unset it for 2"):
         env.pdl()
 
 

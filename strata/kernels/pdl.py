@@ -10,9 +10,10 @@ exactly that of ordinary launches; only the launch and the programs' start are o
 The fused tensor-core matmul (batched decode) and the prefill attention are launched ordinarily:
 with the matmul under PDL the 7B's decode of 16 sequences ran 0.933x (H200, 2026-12-04).
 
-The kernels' `PDL` constexpr: 0 (False) an ordinary launch, 1 PDL, 2 PDL with the fp32-x Q8_0 and
-Q5_0 matvecs' `prefetch_weights` before the wait: weights are never written by a kernel, so a matvec's
-programs, resident while the kernel before them runs, can already pull their first weights into L2.
+The kernels' `PDL` constexpr: 0 (False) an ordinary launch, 1 PDL, 2 (STRATA_PDL's default) PDL
+with the fp32-x Q8_0 and Q5_0 matvecs' `prefetch_weights` before the wait: weights are never written
+by a kernel, so a matvec's programs, resident while the kernel before them runs, can already pull
+their first weights into L2.
 The int8-x matvecs (Q4_K, Q6_K and the int8 Q8_0/Q5_0) prefetched too at first, and the 7B (all
 int8 matvecs) ran 0.994x at one sequence and 0.958x at 16 (H200, 2026-12-04): they no longer do.
 """
