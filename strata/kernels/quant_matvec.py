@@ -112,14 +112,13 @@ def default_config(
     K (the 0.5B's 896) runs best with 8 warps. Wider batches keep the first guess, untuned: shorter
     steps so that M per-row partial products fit in registers. K is split by `auto_split_k`.
     """
-    if m == 1 and planar_int8 and 2048 <= n < 16384:
-        # Q4_K planar on int8 x (gpu_matvec_graph.py --int8-only, 2026-12-04, flat accumulator):
-        # 2,048-element steps on the 7B's q+k, q+k+v, o and down (8.3, 8.9, 8.0, 25.5 us against the
-        # 512-element tiles' 9.9, 10.2, 9.6, 38.1); 4 warps (q+k+v 8.9 us against 11.1 with 8, q+k and
-        # o within 1.5 %) but 8 on long rows (down 25.5 against 26.3).
-        warps = 8 if k >= 16384 else 4
+    if m == 1 and planar_int8 and 2048 <= n < 65536:
+        # Q4_K planar on int8 x, flat accumulator, scales loaded in the words' layout
+        # (gpu_matvec_graph.py --int8-only, H200, 2026-12-04): 8 x 2,048 with 4 warps is the best tile
+        # on each of the 7B's weights: q+k 6.21 us, q+k+v 6.99, o 6.14, gate+up 34.01 (16 x 512:
+        # 37.19), down 23.13 (8 warps: 24.05). The scales' layout alone: 1.08-1.13x at that tile.
         return MatvecConfig(
-            8, 2048, auto_split_k(n, k, 8, 2048, num_sms), warps, flat_acc=True, scalar_scales=True
+            8, 2048, auto_split_k(n, k, 8, 2048, num_sms), 4, flat_acc=True, scalar_scales=True
         )
     if m == 1:
         block_n, block_k, warps = 8, 512, 8 if k <= 1024 else 4
