@@ -130,9 +130,11 @@ def default_config(
             block_n = 16
         # Q4_K's int8 kernel adds its products to a flat accumulator at M = 1: the same sums, one
         # layout conversion per step fewer (faster at every default tile of the 7B sweep, e.g. gate+up
-        # 38.3 us against 40.0).
+        # 38.3 us against 40.0). Its scales keep their vectorized loads here (the 0.5B's down, the
+        # output heads): scalar_scales was not measured faster on them (0.5B decode 1.003x,
+        # 0.882-1.125, H200, 2026-12-04).
         split = auto_split_k(n, k, block_n, block_k, num_sms)
-        return MatvecConfig(block_n, block_k, split, warps, flat_acc=planar_int8, scalar_scales=planar_int8)
+        return MatvecConfig(block_n, block_k, split, warps, flat_acc=planar_int8)
     block_k = max(_KERNELS[qtype][1], 256 if m <= 4 else 128)
     return MatvecConfig(16, block_k, auto_split_k(n, k, 16, block_k, num_sms))
 
