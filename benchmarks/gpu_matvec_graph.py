@@ -85,6 +85,11 @@ def configs(
         extra = [int8, replace(int8, rows_at_once=True)] if layout == "planar" else []
         extra += [replace(int8, flat_acc=True)] if layout == "planar" and m == 1 else []
         extra += [replace(int8, flat_acc=True, scalar_scales=True)] if layout == "planar" and m == 1 else []
+        extra += (
+            [replace(int8, flat_acc=True, scalar_scales=True, x_per_row=True)]
+            if layout == "planar" and m == 1
+            else []
+        )
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         if int8_only:
             return extra
@@ -117,8 +122,9 @@ def configs(
             out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once))
             if m == 1 and ((planar and int8) or (qtype == T.Q5_0 and int8 is None)):  # and a flat accumulator
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True))
-            if m == 1 and planar and int8:  # and the scales loaded in the words' layout
+            if m == 1 and planar and int8:  # and the scales (and x) loaded in the words' layout
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True))
+                out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True, True))
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
@@ -169,6 +175,29 @@ def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, cal
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
+
+
+def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
+    """The int8 Q4_K kernel's load layouts compared (scales vectorized or in the words' layout, x
+    converted or loaded per row): the best time of each, and the default tile in each (us)."""
+    groups: dict[str, list[float]] = {}
+    at_default: dict[str, float] = {}
+    for cfg, us in timed:
+        if not isinstance(cfg, MatvecConfig) or not cfg.int8_x or not cfg.flat_acc:
+            continue
+        key = ("scalar" if cfg.scalar_scales else "vector") + (" x_per_row" if cfg.x_per_row else "")
+        groups.setdefault(key, []).append(us)
+        if isinstance(default, MatvecConfig) and (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (
+            default.block_n,
+            default.block_k,
+            default.split_k,
+            default.num_warps,
+        ):
+            at_default[key] = us
+    return "; ".join(
+        f"{key} best {min(v):.2f}, default tile {at_default.get(key, math.nan):.2f}"
+        for key, v in sorted(groups.items())
+    )
 
 
 def main() -> int:
@@ -235,14 +264,8 @@ def main() -> int:
             print(f"{model} {name} {qtype.name}: best tensor-core {b[1]:.2f} us {b[0]}", flush=True)
         print(f"{model} {name} {qtype.name}: default {default_us:.2f} us, best {best[1]:.2f} us {best[0]}",
               flush=True)  # fmt: skip
-        scalar = [r for r in timed if getattr(r[0], "scalar_scales", False)]
-        if scalar and isinstance(default, MatvecConfig):
-            # The scales loaded in the words' layout against the vectorized loads, tile for tile.
-            same = replace(default, scalar_scales=not default.scalar_scales)
-            same_us = next((us for cfg, us in results if cfg == same), math.nan)
-            vector, scalar_us = min(r[1] for r in timed if r not in scalar), min(r[1] for r in scalar)
-            print(f"{model} {name}: default {default_us:.2f} us, scalar_scales flipped {same_us:.2f} us; "
-                  f"best vector {vector:.2f}, best scalar {scalar_us:.2f} us", flush=True)  # fmt: skip
+        if layout == "planar" and not args.smoke:
+            print(f"{model} {name}: {load_layouts(timed, default)}", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_matvec_graph.json").write_text(json.dumps({"ceiling_gbs": ceiling, "rows": rows}))

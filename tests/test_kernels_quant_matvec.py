@@ -298,7 +298,10 @@ def test_int8_flat_accumulator_gives_the_same_sums(n: int, k: int, split_k: int)
 
 
 @pytest.mark.parametrize("m,n,k,split_k", [(1, 21, 3 * 256, 1), (1, 37, 5 * 256, 2), (3, 19, 2 * 256, 1)])
-def test_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, split_k: int):
+@pytest.mark.parametrize(
+    "layouts", [{"scalar_scales": True}, {"x_per_row": True}, {"scalar_scales": True, "x_per_row": True}]
+)
+def test_int8_load_layouts_give_the_same_sums(layouts: dict[str, bool], m: int, n: int, k: int, split_k: int):
     # The same loads in another thread layout: the same products in the same order; only the final
     # sum over the step's sub-blocks may be reduced in another order on the GPU.
     raw = random_weight(T.Q4_K, n, k, seed=n + m).to(DEVICE)
@@ -307,15 +310,20 @@ def test_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, split_k: 
     base = MatvecConfig(8, 256, split_k, int8_x=True, flat_acc=m == 1)
     vector = quant_matvec(x, packed, T.Q4_K, n, k, config=base)
     out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
-    scalar = quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(base, scalar_scales=True))
+    other = quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(base, **layouts))
     if DEVICE == "cpu":
-        assert torch.equal(vector, scalar)
+        assert torch.equal(vector, other)
     else:
         torch.testing.assert_close(
-            scalar.float(), vector.float(), rtol=2**-7, atol=1e-3 * vector.abs().max().item()
+            other.float(), vector.float(), rtol=2**-7, atol=1e-3 * vector.abs().max().item()
         )
-    with pytest.raises(ValueError, match="scalar_scales is implemented in Q4_K's int8_x kernel only"):
-        quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, int8_x=False, scalar_scales=True))
+    with pytest.raises(ValueError, match="is implemented in Q4_K's int8_x kernel"):
+        quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, int8_x=False, **layouts))
+    if m > 1 and "x_per_row" in layouts:
+        with pytest.raises(
+            ValueError, match="x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once"
+        ):
+            quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, rows_at_once=True, **layouts))
 
 
 @pytest.mark.parametrize("n,k,split_k", [(21, 7 * 32, 1), (37, 40 * 32, 3)])

@@ -31,11 +31,13 @@ def q4_k_int8_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr, ROWS_AT_ONCE: tl.constexpr,
     FLAT_ACC: tl.constexpr = False,
     SCALAR_SCALES: tl.constexpr = False,
+    X_PER_ROW: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
     (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums.
-    SCALAR_SCALES: the scales loaded in the words' thread layout (`_loads`' SCALAR); the same sums."""
+    SCALAR_SCALES: the scales loaded in the words' thread layout (`_loads`' SCALAR); the same sums.
+    X_PER_ROW (one row at a time): x's words loaded in the words' layout (`_row_part`); the same sums."""
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
@@ -56,12 +58,28 @@ def q4_k_int8_matvec_kernel(
         d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
         d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
         if FLAT_ACC:
-            acc += _row_part(xq_ptr, xd_ptr, xs_ptr, 0, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM)
+            acc += _row_part(
+                xq_ptr, xd_ptr, xs_ptr, 0, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM, X_PER_ROW
+            )
         elif ROWS_AT_ONCE:
             acc += _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM)
         else:
             acc = _row_by_row(
-                acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM
+                acc,
+                xq_ptr,
+                xd_ptr,
+                xs_ptr,
+                s,
+                sv,
+                n_sub,
+                w_lo,
+                w_hi,
+                d_sc,
+                d_mn,
+                M,
+                M_PAD,
+                USE_ASM,
+                X_PER_ROW,
             )
     acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
     store_rows(
@@ -71,22 +89,35 @@ def q4_k_int8_matvec_kernel(
 
 @triton.jit
 def _row_by_row(acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M: tl.constexpr,
-                M_PAD: tl.constexpr, USE_ASM: tl.constexpr):  # fmt: skip
+                M_PAD: tl.constexpr, USE_ASM: tl.constexpr, X_PER_ROW: tl.constexpr):  # fmt: skip
     """acc (M_PAD, BLOCK_N, NS) += each row's products with the step's words, one row after another
     (each added through a select over the whole accumulator: work grows as M squared)."""
     for m in tl.static_range(M):
-        part = _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM)
+        part = _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM, X_PER_ROW)
         acc = add_to_row3(acc, part, m, M_PAD)
     return acc
 
 
 @triton.jit
-def _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM: tl.constexpr):
-    """Row m's (BLOCK_N, NS) products with the step's words, per sub-block, scaled."""
+def _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM: tl.constexpr,
+              X_PER_ROW: tl.constexpr = False):  # fmt: skip
+    """Row m's (BLOCK_N, NS) products with the step's words, per sub-block, scaled.
+
+    x's (NS, 4) words are loaded once and broadcast over the rows, which moves them into the words'
+    layout through shared memory (with barriers) at tiles where a thread holds several sub-blocks;
+    X_PER_ROW loads them with the words' own (BLOCK_N, NS, 4) shape instead, once for each row a
+    thread holds (more L1 loads, no conversion)."""
     ir = tl.arange(0, 4)
-    xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
-    x_lo = tl.broadcast_to(tl.load(xq_at, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)  # (NS, 4)
-    x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)
+    if X_PER_ROW:
+        xq_at = (
+            xq_ptr + m * n_sub * 8 + s[None, :, None] * 8 + ir[None, None, :] + tl.zeros(w_lo.shape, tl.int32)
+        )
+        x_lo = tl.load(xq_at, mask=sv[None, :, None], other=0)
+        x_hi = tl.load(xq_at + 4, mask=sv[None, :, None], other=0)
+    else:
+        xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
+        x_lo = tl.broadcast_to(tl.load(xq_at, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)  # (NS, 4)
+        x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)
     dot = _dp4a(w_lo, x_lo, tl.zeros(w_lo.shape, tl.int32), USE_ASM)
     dot = _dp4a(w_hi, x_hi, dot, USE_ASM)
     xd = tl.load(xd_ptr + m * n_sub + s, mask=sv, other=0)

@@ -60,6 +60,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             flat = dict(int8, ROWS_AT_ONCE=False, FLAT_ACC=True)
             out.append((f"Q4_K int8 {name} flat_acc", q4k, flat, {}))
             out.append((f"Q4_K int8 {name} flat_acc scalar_scales", q4k, dict(flat, SCALAR_SCALES=True), {}))
+            both = dict(flat, SCALAR_SCALES=True, X_PER_ROW=True)
+            out.append((f"Q4_K int8 {name} flat_acc scalar_scales x_per_row", q4k, both, {}))
             # Programmatic dependent launch (strata.kernels.pdl): main() checks the PTX's wait and, at
             # PDL 2, the weight prefetches before it.
             out.append((f"Q4_K int8 {name} flat_acc pdl", q4k, dict(flat, PDL=True), {}))

@@ -71,7 +71,9 @@ class MatvecConfig:
     it once after the loop: Q4_K int8 saves a layout conversion per step, the same sums (its default,
     measured); Q5_0 three reductions per step, fp32 sums in another order (opt-in until timed).
     `scalar_scales` (Q4_K's int8 kernel) loads the sub-block scales one per thread in the words'
-    layout instead of vectorized, leaving out a layout conversion per step: the same sums."""
+    layout instead of vectorized, leaving out a layout conversion per step: the same sums. `x_per_row`
+    (the same kernel, not with rows_at_once) loads x's words in the words' layout, once for each row a
+    thread holds, instead of once and converted: the same sums (opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -82,6 +84,7 @@ class MatvecConfig:
     rows_at_once: bool = False
     flat_acc: bool = False
     scalar_scales: bool = False
+    x_per_row: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -247,6 +250,8 @@ def quant_matvec(
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
     if cfg.scalar_scales and not (int8_x and planar):
         raise ValueError("MatvecConfig.scalar_scales is implemented in Q4_K's int8_x kernel only")
+    if cfg.x_per_row and not (int8_x and planar and not cfg.rows_at_once):
+        raise ValueError("MatvecConfig.x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once")
     if cfg.flat_acc and not (m == 1 and not cfg.rows_at_once and ((int8_x and planar) or flat_q5_0)):
         raise ValueError(
             "MatvecConfig.flat_acc is implemented for one row of x in Q4_K's int8_x kernel and Q5_0's fp32"
@@ -407,5 +412,6 @@ def _int8_matvec(
     else:
         q4_k_int8_matvec_kernel[grid](
             xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
-            ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, SCALAR_SCALES=cfg.scalar_scales, **common,
+            ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, SCALAR_SCALES=cfg.scalar_scales,
+            X_PER_ROW=cfg.x_per_row, **common,
         )  # fmt: skip
