@@ -122,6 +122,8 @@ def configs(
             out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once))
             if m == 1 and ((planar and int8) or (qtype == T.Q5_0 and int8 is None)):  # and a flat accumulator
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True))
+            if qtype == T.Q6_K and int8:  # and the scales loaded in the products' layout
+                out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, scalar_scales=True))
             if m == 1 and planar and int8:  # and the scales (and x) loaded in the words' layout
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True))
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True, True))
@@ -183,7 +185,7 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
     groups: dict[str, list[float]] = {}
     at_default: dict[str, float] = {}
     for cfg, us in timed:
-        if not isinstance(cfg, MatvecConfig) or not cfg.int8_x or not cfg.flat_acc:
+        if not isinstance(cfg, MatvecConfig) or not cfg.int8_x:
             continue
         key = ("scalar" if cfg.scalar_scales else "vector") + (" x_per_row" if cfg.x_per_row else "")
         groups.setdefault(key, []).append(us)
@@ -264,7 +266,7 @@ def main() -> int:
             print(f"{model} {name} {qtype.name}: best tensor-core {b[1]:.2f} us {b[0]}", flush=True)
         print(f"{model} {name} {qtype.name}: default {default_us:.2f} us, best {best[1]:.2f} us {best[0]}",
               flush=True)  # fmt: skip
-        if layout == "planar" and not args.smoke:
+        if (layout == "planar" or qtype == T.Q6_K) and not args.smoke:
             print(f"{model} {name}: {load_layouts(timed, default)}", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -317,13 +317,36 @@ def test_int8_load_layouts_give_the_same_sums(layouts: dict[str, bool], m: int, 
         torch.testing.assert_close(
             other.float(), vector.float(), rtol=2**-7, atol=1e-3 * vector.abs().max().item()
         )
-    with pytest.raises(ValueError, match="is implemented in Q4_K's int8_x kernel"):
+    with pytest.raises(ValueError, match="is implemented in Q4_K's"):
         quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, int8_x=False, **layouts))
     if m > 1 and "x_per_row" in layouts:
         with pytest.raises(
             ValueError, match="x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once"
         ):
             quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, rows_at_once=True, **layouts))
+
+
+@pytest.mark.parametrize("m,n,k,split_k", [(1, 21, 2 * 256, 1), (1, 37, 5 * 256, 2), (3, 19, 2 * 256, 1)])
+def test_q6_k_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, split_k: int):
+    # As for Q4_K above: the same loads in the products' layout; on the GPU only the final sum over a
+    # step's groups may be reduced in another order.
+    raw = random_weight(T.Q6_K, n, k, seed=n + m).to(DEVICE)
+    packed = pack_quant_weight(raw, T.Q6_K, n, k)
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    base = MatvecConfig(8, 512, split_k, int8_x=True)
+    vector = quant_matvec(x, packed, T.Q6_K, n, k, config=base)
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
+    scalar = quant_matvec(x, packed, T.Q6_K, n, k, out=out, config=replace(base, scalar_scales=True))
+    if DEVICE == "cpu":
+        assert torch.equal(vector, scalar)
+    else:
+        torch.testing.assert_close(
+            scalar.float(), vector.float(), rtol=2**-7, atol=1e-3 * vector.abs().max().item()
+        )
+    with pytest.raises(
+        ValueError, match="scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only"
+    ):
+        quant_matvec(x, packed, T.Q6_K, n, k, config=replace(base, int8_x=False, scalar_scales=True))
 
 
 @pytest.mark.parametrize("n,k,split_k", [(21, 7 * 32, 1), (37, 40 * 32, 3)])

@@ -47,12 +47,16 @@ def q6_k_int8_matvec_kernel(
     stride_ys, stride_ym, stride_ql, stride_qh, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
+    SCALAR_SCALES: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """ql_ptr and qh_ptr are int32 views (stride in words); every row of x at once (M_PAD of them).
     The products of each 16 elements are kept per (row, half, 16 elements) across the whole K loop and
     summed once at the end: no cross-thread reduction and no layout conversion of a 16-element group
-    inside the loop (a group's four words are one thread's 16-byte load)."""
+    inside the loop (a group's four words are one thread's 16-byte load). SCALAR_SCALES: the scales'
+    offsets pass through a select that hides their contiguity (and d is loaded once per scale), so
+    their loads take the layout of the products: at 32 x 512 tiles this leaves out four layout
+    conversions per step (eight barriers); the same sums."""
     NH: tl.constexpr = BLOCK_K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)
@@ -74,8 +78,17 @@ def q6_k_int8_matvec_kernel(
         g4 = g[None, :, None, None]
         m4 = gv[None, :, None, None]
         qh = tl.load(qh_ptr + rc * stride_qh + g4 * 8 + word, mask=m4, other=0)  # (BLOCK_N, NH, 2, 4)
-        d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
-        d = d.to(tl.float32)[:, :, None]  # (BLOCK_N, NH, 1)
+        if SCALAR_SCALES:  # d in the layout of the scales below: one load for each of the two
+            d_at = (
+                d_ptr
+                + rc1[:, None, None] * stride_d
+                + (g // 2)[None, :, None]
+                + tl.zeros((1, 1, 2), tl.int32)
+            )
+            d = tl.load(d_at, mask=gv[None, :, None], other=0).to(tl.float32)  # (BLOCK_N, NH, 2)
+        else:
+            d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
+            d = d.to(tl.float32)[:, :, None]  # (BLOCK_N, NH, 1)
         for s in tl.static_range(4):
             ql = tl.load(ql_ptr + rc * stride_ql + g4 * 16 + 8 * (s % 2) + word, mask=m4, other=0)
             # x's sub-block 4g + s for every row: (M_PAD, NH, 2, 4) words and (M_PAD, NH) scales dx.
@@ -88,8 +101,10 @@ def q6_k_int8_matvec_kernel(
             )
             dx = tl.load(xd_ptr + mi[:, None] * n_sub + sub, mask=ok, other=0)
             dot16 = _group_dots(_weights_minus_32(ql, qh, s), x, USE_ASM)  # (M_PAD, BLOCK_N, NH, 2)
-            sc_at = sc_ptr + rc1[:, None, None] * stride_sc + g[None, :, None] * 8 + 2 * s
-            sc = tl.load(sc_at + tl.arange(0, 2)[None, None, :], mask=gv[None, :, None], other=0)
+            sc_off = g[None, :, None] * 8 + 2 * s + tl.arange(0, 2)[None, None, :]
+            if SCALAR_SCALES:
+                sc_off = tl.where(gv[None, :, None], sc_off, 0)
+            sc = tl.load(sc_ptr + rc1[:, None, None] * stride_sc + sc_off, mask=gv[None, :, None], other=0)
             scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2): exact, as dequantize's d * sc
             if M_PAD == 1:
                 acc += scale * dot16.to(tl.float32) * tl.reshape(dx, (NH,))[None, :, None]

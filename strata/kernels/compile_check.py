@@ -51,6 +51,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 (f"legacy int8 {qtype} {name}", legacy_int8_matvec_kernel, dict(int8, QTYPE=qtype), {})
             )
         out.append((f"Q6_K int8 {name}", q6_k_int8_matvec_kernel, int8, {"sc_ptr": "*i8"}))
+        q6_scalar = dict(int8, SCALAR_SCALES=True)
+        out.append((f"Q6_K int8 {name} scalar_scales", q6_k_int8_matvec_kernel, q6_scalar, {"sc_ptr": "*i8"}))
         q4k = q4_k_int8_matvec_kernel
         for at_once in (False, True):
             out.append(

@@ -70,8 +70,9 @@ class MatvecConfig:
     kernel and Q5_0's fp32 one) keeps the accumulator in the layout of the step's products and reduces
     it once after the loop: Q4_K int8 saves a layout conversion per step, the same sums (its default,
     measured); Q5_0 three reductions per step, fp32 sums in another order (opt-in until timed).
-    `scalar_scales` (Q4_K's int8 kernel) loads the sub-block scales one per thread in the words'
-    layout instead of vectorized, leaving out a layout conversion per step: the same sums. `x_per_row`
+    `scalar_scales` (Q4_K's and Q6_K's int8 kernels) loads the sub-block scales one per thread in the
+    words' layout instead of vectorized, leaving out a layout conversion per step: the same sums
+    (Q4_K's default where measured faster, Q6_K's opt-in until timed). `x_per_row`
     (the same kernel, not with rows_at_once) loads x's words in the words' layout, once for each row a
     thread holds, instead of once and converted: the same sums (opt-in until timed)."""
 
@@ -248,8 +249,8 @@ def quant_matvec(
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
-    if cfg.scalar_scales and not (int8_x and planar):
-        raise ValueError("MatvecConfig.scalar_scales is implemented in Q4_K's int8_x kernel only")
+    if cfg.scalar_scales and not (int8_x and (planar or qtype == _T.Q6_K)):
+        raise ValueError("MatvecConfig.scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only")
     if cfg.x_per_row and not (int8_x and planar and not cfg.rows_at_once):
         raise ValueError("MatvecConfig.x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once")
     if cfg.flat_acc and not (m == 1 and not cfg.rows_at_once and ((int8_x and planar) or flat_q5_0)):
@@ -399,7 +400,7 @@ def _int8_matvec(
         ql, qh = ql.view(torch.int32), qh.view(torch.int32)
         q6_k_int8_matvec_kernel[grid](
             xq, xd, *dest, ql, qh, sc, d, n, k, stride_ys, stride_ym,
-            ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), **common,
+            ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), SCALAR_SCALES=cfg.scalar_scales, **common,
         )  # fmt: skip
     elif qtype in (_T.Q8_0, _T.Q5_0):
         qs, *rest = planes
