@@ -5,14 +5,20 @@ rejects, e.g. a shape tuple built from `.shape` inside a nested jit function, wh
 as a compile error after passing every interpreter test. This runs the compiler's front end and
 ptxas (shipped with Triton) for sm_90 on each kernel at representative constexprs, so such errors
 show on any machine. Needs TRITON_INTERPRET unset (the jit functions must be compiled ones); prints
-one line per kernel variant and exits 1 if any fails.
+one line per kernel variant, with its layout conversions and barriers inside loops (a conversion
+that is not a no-op goes through shared memory between two barriers, every iteration), and exits 1
+if any fails.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 from typing import Any
 
 # Pointer element types by argument name; kernels override where theirs differ.
@@ -151,6 +157,36 @@ def converts_in_loops(ttgir: str) -> int:
     return count
 
 
+def barriers_in_loops(cubin: bytes) -> int | None:
+    """Barriers (BAR.SYNC) inside the SASS's loops, from Triton's bundled nvdisasm (None without it):
+    what the layout conversions that are not no-ops cost every iteration. `converts_in_loops` counts
+    the TTGIR's conversions, some of which change nothing and compile to no instruction at all."""
+    import triton
+
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    if not nvdisasm.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run(
+            [str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    lines = sass.splitlines()
+    labels = {
+        line.strip()[:-1]: i
+        for i, line in enumerate(lines)
+        if line.strip().startswith(".L") and line.strip().endswith(":")
+    }
+    count = 0
+    for i, line in enumerate(lines):  # a loop: a branch back to a label above it
+        target = re.search(r"BRA `?\(?(\.L\w+)", line)
+        start = labels.get(target.group(1), i) if target else i
+        if start < i:
+            count += sum("BAR.SYNC" in x for x in lines[start:i])
+    return count
+
+
 def check_pdl(ptx: str, level: int) -> None:
     """PDL 1 or 2: the PTX waits for the previous kernel; 2: it asks L2 for weights before that wait."""
     wait = ptx.find("griddepcontrol.wait")
@@ -169,9 +205,9 @@ def main() -> int:
         try:
             kernel = compile_for_sm90(fn, constexprs, pointers)
             check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0))
+            converts, bars = converts_in_loops(kernel.asm["ttgir"]), barriers_in_loops(kernel.asm["cubin"])
             print(
-                f"ok {name} (layout conversions in loops: {converts_in_loops(kernel.asm['ttgir'])})",
-                flush=True,
+                f"ok {name} (layout conversions in loops: {converts}, barriers in loops: {bars})", flush=True
             )
         except Exception as e:  # noqa: BLE001 - each failure is reported, then the next variant runs
             failed += 1
