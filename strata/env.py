@@ -86,6 +86,14 @@ def quant_in_norm() -> bool:
     return _level("STRATA_QUANT_IN_NORM", "1", ("0", "1")) == "1"
 
 
+def live_splits() -> bool:
+    """STRATA_LIVE_SPLITS=1 (opt-in until timed): the GPU's paged decode attention runs, of the split
+    count fixed on the host (for the longest context a captured graph allows), only the splits each
+    sequence's context fills with 256 positions (counted on the device): short contexts then take one
+    split and skip the merge. 0: every split runs, empty ones included."""
+    return _level("STRATA_LIVE_SPLITS", "0", ("0", "1")) == "1"
+
+
 def pdl() -> int:
     """STRATA_PDL (default 2): the GPU kernels of a captured decode step are launched with
     programmatic dependent launch (Hopper and later): each kernel's programs start while the one

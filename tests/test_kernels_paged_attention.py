@@ -65,7 +65,18 @@ def reference(q, contexts, scale, window):
     return torch.stack(outs)
 
 
-def check(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, num_splits, window=None):
+def check(
+    context_lens,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    block_size,
+    dtype,
+    num_splits,
+    window=None,
+    min_split_len=1,
+):
+    # min_split_len=1: every split a context can fill runs, so short contexts still exercise the merge.
     q, k_cache, v_cache, tables, lens, contexts = make_case(
         context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=len(context_lens) + head_dim
     )
@@ -74,6 +85,7 @@ def check(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, nu
     got = paged_decode_attention(
         q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE),
         block_size=block_size, scale=scale, window=window, num_splits=num_splits, out=out,
+        min_split_len=min_split_len,
     )  # fmt: skip
     assert got is out
     got = got.cpu().double()
@@ -118,6 +130,26 @@ def test_long_contexts_cuda(context_lens, num_splits):
     check(context_lens, 14, 2, 64, 16, torch.float16, num_splits, window=4096)
 
 
+@pytest.mark.parametrize("window", [None, 200])
+def test_splits_a_context_does_not_fill_are_skipped(window):
+    # 8 splits asked for (as a graph captured for long contexts does), at least 256 positions each:
+    # contexts 1 and 17 take one (written by the split kernel, merge skipped), 300 two, 600 three;
+    # within the window of 200 every context takes one.
+    check([1, 17, 300, 600], 4, 2, 32, 16, torch.float32, 8, window=window, min_split_len=256)
+
+
+@pytest.mark.parametrize("min_split_len", [1, 256])
+def test_one_filled_split_gives_the_one_split_output_bit_for_bit(min_split_len):
+    # Contexts within one tile of 64: with min_split_len 1 the 7 other splits are empty and merged
+    # with weight 0; with 256 they do not run and the merge is skipped. Either way the same bits.
+    q, k, v, tables, lens, _ = make_case([1, 17, 64], 4, 2, 32, 16, torch.float32, seed=3)
+    args = (q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE))
+    one = paged_decode_attention(*args, block_size=16, num_splits=1)
+    assert torch.equal(
+        paged_decode_attention(*args, block_size=16, num_splits=8, min_split_len=min_split_len), one
+    )
+
+
 def test_errors_name_the_problem():
     q, k, v, tables, lens, _ = make_case([5], 4, 2, 16, 4, torch.float32, seed=0)
     with pytest.raises(ValueError, match="multiple of KV heads"):
@@ -126,3 +158,5 @@ def test_errors_name_the_problem():
         paged_decode_attention(q, k, v, tables.long(), lens, block_size=4)
     with pytest.raises(ValueError, match="context_lens"):
         paged_decode_attention(q, k, v, tables, lens[:0], block_size=4)
+    with pytest.raises(ValueError, match="min_split_len must be >= 1, got 4, None and 0"):
+        paged_decode_attention(q, k, v, tables, lens, block_size=4, min_split_len=0)

@@ -16,6 +16,7 @@ ENV_OPTIONS = {
     "act_in_quant": "STRATA_ACT_IN_QUANT",
     "pdl": "STRATA_PDL",
     "quant_in_norm": "STRATA_QUANT_IN_NORM",
+    "live_splits": "STRATA_LIVE_SPLITS",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

@@ -90,7 +90,24 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             )
         planar = q4_k_planar_matvec_kernel
         out.append((f"Q4_K planar {name}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
-    return out + matmul_variants() + norm_variants()
+    return out + matmul_variants() + norm_variants() + attention_variants()
+
+
+def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
+    """Paged decode attention at the 0.5B's heads (14 query heads over 2 KV heads of 64): the split
+    kernel with one split and with partials, with a window, and the merge."""
+    from strata.kernels.paged_attention import _merge_kernel, _split_kernel
+
+    floats = {f"part_{n}_ptr": "*fp32" for n in ("m", "l", "acc")}
+    pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", **floats}
+    heads = dict(NUM_HEADS=14, D=64, D_PAD=64, PDL=True)
+    split = dict(heads, G=7, G_PAD=16, BLOCK_T=64, PRECISION=None, DOT_F32=False)
+    out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
+    for one, window in ((True, False), (False, False), (False, True)):
+        consts = dict(split, ONE_SPLIT=one, HAS_WINDOW=window)
+        out.append((f"attention split one_split={one} window={window}", _split_kernel, consts, pointers))
+    out.append(("attention merge", _merge_kernel, dict(heads, S_PAD=64, HAS_WINDOW=True), pointers))
+    return out
 
 
 def norm_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:

@@ -7,6 +7,13 @@ chunks; the program for (sequence, KV head, chunk) runs an online softmax over i
 query heads sharing that KV head (GQA: query head h reads KV head h // G) and writes a partial
 (running max, sum of exponentials, unnormalized weighted V sum). A second kernel merges the partials
 by log-sum-exp. With one split the first kernel normalizes and writes the output itself.
+
+`num_splits` is fixed on the host (a captured CUDA graph keeps it), so it is chosen for the longest
+context a step may have. Asked to (`min_split_len`, STRATA_LIVE_SPLITS on the model path), each
+sequence uses only as many of those splits as its own context fills with that many positions each
+(read on the device): the programs of the splits beyond return at once, and a sequence left with one
+split has its output written by the first kernel, the merge skipping it. A short context in a graph
+captured for long ones then costs one split program per KV head and no merge work.
 """
 
 from __future__ import annotations
@@ -21,12 +28,24 @@ import triton.language as tl
 from strata.kernels.pdl import await_inputs, launch_args
 
 _LOG2E = 1.4426950408889634
+# Below this many positions a split's merge costs more than the parallelism gains.
+MIN_SPLIT_LEN = 256
+
+
+@triton.jit
+def _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW: tl.constexpr):
+    """(lo, n): the context's first attended position and how many of the `num_splits` splits it
+    uses, each of at least `min_split_len` positions (one at least)."""
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx - window, 0)
+    return lo, tl.minimum(num_splits, tl.maximum(tl.cdiv(ctx - lo, min_split_len), 1))
 
 
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    qk_scale, window, block_size, num_splits,
+    qk_scale, window, block_size, num_splits, min_split_len,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
@@ -38,11 +57,28 @@ def _split_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(ctx - window, 0)
+    lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
+    if split < live:
+        _split_chunk(
+            q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+            qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live,
+            stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
+            NUM_HEADS, G, G_PAD, D, D_PAD, BLOCK_T, ONE_SPLIT, PRECISION, DOT_F32,
+        )  # fmt: skip
+
+
+@triton.jit
+def _split_chunk(
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live,
+    stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
+    one, else its partial."""
     # Chunks are whole tiles so that only a chunk's last tile is partial.
-    chunk = tl.cdiv(tl.cdiv(ctx - lo, num_splits), BLOCK_T) * BLOCK_T
+    chunk = tl.cdiv(tl.cdiv(ctx - lo, live), BLOCK_T) * BLOCK_T
     start = lo + split * chunk
     end = tl.minimum(start + chunk, ctx)
 
@@ -87,11 +123,9 @@ def _split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
-    if ONE_SPLIT:
-        # l_i is 0 only for an empty context; write zeros then instead of 0/0.
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        out_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + idim[None, :]
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=gm[:, None] & dm[None, :])
+    out_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + idim[None, :]
+    if ONE_SPLIT or live == 1:
+        _store_output(out_ptrs, acc, l_i, gm[:, None] & dm[None, :])
     else:
         # Partials: (batch, NUM_HEADS, num_splits) for m and l, (..., D_PAD) for acc, contiguous.
         row = (b * NUM_HEADS + heads) * num_splits + split
@@ -101,18 +135,37 @@ def _split_kernel(
 
 
 @triton.jit
+def _store_output(out_ptrs, acc, l_i, mask):
+    """acc / l_i, the attention output of a whole context. l_i is 0 only for an empty context:
+    zeros are written then instead of 0/0."""
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _merge_kernel(
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    num_splits, stride_ob, stride_oh,
+    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, context_lens_ptr,
+    window, num_splits, min_split_len, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
+    _, live = _live_splits(tl.load(context_lens_ptr + b), window, num_splits, min_split_len, HAS_WINDOW)
+    if live > 1:  # one split wrote the output itself
+        _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, stride_ob, stride_oh,
+               NUM_HEADS, D, D_PAD, S_PAD)  # fmt: skip
+
+
+@triton.jit
+def _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, stride_ob, stride_oh,
+           NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr):  # fmt: skip
+    """Head h of sequence b: its `live` partials merged by log-sum-exp into the output."""
     isp = tl.arange(0, S_PAD)
     idim = tl.arange(0, D_PAD)
-    sm = isp < num_splits
+    sm = isp < live
     row = (b * NUM_HEADS + h) * num_splits + isp
     m = tl.load(part_m_ptr + row, mask=sm, other=float("-inf"))
     l_s = tl.load(part_l_ptr + row, mask=sm, other=0.0)
@@ -127,7 +180,11 @@ def _merge_kernel(
 
 
 def choose_num_splits(
-    batch: int, num_kv_heads: int, max_context_len: int, num_sms: int = 132, min_split_len: int = 256
+    batch: int,
+    num_kv_heads: int,
+    max_context_len: int,
+    num_sms: int = 132,
+    min_split_len: int = MIN_SPLIT_LEN,
 ) -> int:
     """Splits per sequence: enough (sequence, KV head, split) programs for two per SM, but no split
     shorter than `min_split_len` positions (below that the merge costs more than the parallelism
@@ -149,6 +206,7 @@ def paged_decode_attention(
     window: int | None = None,
     num_splits: int | None = None,
     max_context_len: int | None = None,
+    min_split_len: int = 1,
     out: torch.Tensor | None = None,
     block_t: int = 64,
     num_warps: int = 4,
@@ -160,7 +218,10 @@ def paged_decode_attention(
     and counting the new token (whose K/V must already be written). `scale` defaults to
     1/sqrt(head_dim); `window` keeps only the last `window` positions (sliding-window layers).
     `num_splits` defaults to `choose_num_splits` over `max_context_len` (an upper bound known on the
-    host; by default the block table's capacity), so choosing never syncs with the device.
+    host; by default the block table's capacity), so choosing never syncs with the device. On the
+    device each sequence uses at most as many of them as its context fills with `min_split_len`
+    positions each (1, the default: all of them, a split of fewer positions than BLOCK_T left empty;
+    MIN_SPLIT_LEN: what `choose_num_splits` would give the context itself).
     """
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -187,8 +248,11 @@ def paged_decode_attention(
         raise ValueError("q, k_cache, v_cache and block_tables need a contiguous last dim")
     if block_t < 16 or block_t & (block_t - 1):
         raise ValueError(f"block_t must be a power of two >= 16 (tl.dot's minimum), got {block_t}")
-    if block_size < 1 or (window is not None and window < 1):
-        raise ValueError(f"block_size and window must be >= 1, got {block_size} and {window}")
+    if block_size < 1 or (window is not None and window < 1) or min_split_len < 1:
+        raise ValueError(
+            f"block_size, window and min_split_len must be >= 1, got {block_size}, {window} and "
+            f"{min_split_len}"
+        )
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
@@ -218,7 +282,7 @@ def paged_decode_attention(
         part_acc = torch.empty(batch, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
     _split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc,
-        scale * _LOG2E, window or 0, block_size, num_splits,
+        scale * _LOG2E, window or 0, block_size, num_splits, min_split_len,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
@@ -228,8 +292,10 @@ def paged_decode_attention(
     )  # fmt: skip
     if num_splits > 1:
         _merge_kernel[(batch, num_heads)](
-            out, part_m, part_l, part_acc, num_splits, out.stride(0), out.stride(1),
+            out, part_m, part_l, part_acc, context_lens, window or 0, num_splits, min_split_len,
+            out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=triton.next_power_of_2(num_splits),
+            HAS_WINDOW=window is not None,
             num_warps=num_warps,
             **launch_args(q.device),
         )  # fmt: skip

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strata import env
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill
 from strata.layers.rotary import RotaryEmbedding
 
@@ -63,13 +64,14 @@ class Attention(nn.Module):
         return torch.cat(outs).flatten(1)  # (num_tokens, num_heads * head_dim)
 
     def _paged_decode(self, q: torch.Tensor, kv: KVCache, paged: PagedDecode) -> torch.Tensor:
-        from strata.kernels.paged_attention import paged_decode_attention  # needs triton
+        from strata.kernels.paged_attention import MIN_SPLIT_LEN, paged_decode_attention  # needs triton
 
         k_cache, v_cache = kv.layer(self.layer)
         out = paged_decode_attention(
             q, k_cache, v_cache, paged.block_tables, paged.context_lens,
             block_size=paged.block_size, scale=self.scale, window=self.window,
             num_splits=paged.num_splits, max_context_len=paged.max_context_len,
+            min_split_len=MIN_SPLIT_LEN if env.live_splits() else 1,
         )  # fmt: skip
         return out.flatten(1)
 
