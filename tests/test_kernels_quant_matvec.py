@@ -276,6 +276,21 @@ def test_rows_at_once_needs_the_int8_kernel():
         )
 
 
+def assert_same_sums(x, packed, qtype, config, other) -> None:
+    """Two configs that add the same products in the same order: equal bits in the interpreter; on
+    the GPU the final sum over a step's sub-blocks may be reduced in another order (fp32 rounding,
+    then one bf16 rounding). The second writes into a poisoned output."""
+    m, (n, k) = x.shape[0], (packed.n, packed.k)
+    expected = quant_matvec(x, packed, qtype, n, k, config=config)
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
+    got = quant_matvec(x, packed, qtype, n, k, out=out, config=other)
+    if DEVICE == "cpu":
+        assert torch.equal(got, expected)
+    else:
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=1e-3 * scale)
+
+
 @pytest.mark.parametrize("n,k,split_k", [(21, 3 * 256, 1), (37, 5 * 256, 2)])
 def test_int8_flat_accumulator_gives_the_same_sums(n: int, k: int, split_k: int):
     # The same per-sub-block products added in the same order; only the final sum over the step's
@@ -284,15 +299,7 @@ def test_int8_flat_accumulator_gives_the_same_sums(n: int, k: int, split_k: int)
     packed = pack_quant_weight(raw, T.Q4_K, n, k, "planar")
     x = torch.randn(1, k, device=DEVICE).bfloat16()
     base = MatvecConfig(8, 256, split_k, int8_x=True)
-    three_d = quant_matvec(x, packed, T.Q4_K, n, k, config=base)
-    out = torch.full((1, n), float("nan"), dtype=x.dtype, device=DEVICE)
-    flat = quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(base, flat_acc=True))
-    if DEVICE == "cpu":
-        assert torch.equal(three_d, flat)
-    else:
-        torch.testing.assert_close(
-            flat.float(), three_d.float(), rtol=2**-7, atol=1e-3 * three_d.abs().max().item()
-        )
+    assert_same_sums(x, packed, T.Q4_K, base, replace(base, flat_acc=True))
     with pytest.raises(ValueError, match="flat_acc is implemented for one row of x"):
         quant_matvec(x.repeat(2, 1), packed, T.Q4_K, n, k, config=replace(base, flat_acc=True))
 
@@ -308,15 +315,7 @@ def test_int8_load_layouts_give_the_same_sums(layouts: dict[str, bool], m: int, 
     packed = pack_quant_weight(raw, T.Q4_K, n, k, "planar")
     x = torch.randn(m, k, device=DEVICE).bfloat16()
     base = MatvecConfig(8, 256, split_k, int8_x=True, flat_acc=m == 1)
-    vector = quant_matvec(x, packed, T.Q4_K, n, k, config=base)
-    out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
-    other = quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(base, **layouts))
-    if DEVICE == "cpu":
-        assert torch.equal(vector, other)
-    else:
-        torch.testing.assert_close(
-            other.float(), vector.float(), rtol=2**-7, atol=1e-3 * vector.abs().max().item()
-        )
+    assert_same_sums(x, packed, T.Q4_K, base, replace(base, **layouts))
     with pytest.raises(ValueError, match="is implemented in Q4_K's"):
         quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, int8_x=False, **layouts))
     if m > 1 and "x_per_row" in layouts:
@@ -334,15 +333,7 @@ def test_q6_k_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, spli
     packed = pack_quant_weight(raw, T.Q6_K, n, k)
     x = torch.randn(m, k, device=DEVICE).bfloat16()
     base = MatvecConfig(8, 512, split_k, int8_x=True)
-    vector = quant_matvec(x, packed, T.Q6_K, n, k, config=base)
-    out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
-    scalar = quant_matvec(x, packed, T.Q6_K, n, k, out=out, config=replace(base, scalar_scales=True))
-    if DEVICE == "cpu":
-        assert torch.equal(vector, scalar)
-    else:
-        torch.testing.assert_close(
-            scalar.float(), vector.float(), rtol=2**-7, atol=1e-3 * vector.abs().max().item()
-        )
+    assert_same_sums(x, packed, T.Q6_K, base, replace(base, scalar_scales=True))
     with pytest.raises(
         ValueError, match="scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only"
     ):
