@@ -91,6 +91,7 @@ def configs(
             else []
         )
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
+        extra += [MatvecConfig(8, 256, 2, matched_loads=True)] if qtype in (T.Q8_0, T.Q5_0) and m == 1 else []
         if int8_only:
             return extra
         return [
@@ -127,6 +128,8 @@ def configs(
             if m == 1 and planar and int8:  # and the scales (and x) loaded in the words' layout
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True))
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True, True))
+            if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8 is None:  # and every load in one layout
+                out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
@@ -180,14 +183,16 @@ def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, cal
 
 
 def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
-    """The int8 Q4_K kernel's load layouts compared (scales vectorized or in the words' layout, x
-    converted or loaded per row): the best time of each, and the default tile in each (us)."""
+    """The matvecs' load layouts compared (int8 Q4_K and Q6_K: scales vectorized or in the words'
+    layout, x converted or loaded per row; fp32 Q8_0 and Q5_0: matched loads or not): the best time
+    of each and the default tile's in each (us), int8 and fp32-x configs apart."""
     groups: dict[str, list[float]] = {}
     at_default: dict[str, float] = {}
     for cfg, us in timed:
-        if not isinstance(cfg, MatvecConfig) or not cfg.int8_x:
+        if not isinstance(cfg, MatvecConfig):
             continue
-        key = ("scalar" if cfg.scalar_scales else "vector") + (" x_per_row" if cfg.x_per_row else "")
+        key = ("int8 " if cfg.int8_x else "fp32 ") + ("scalar" if cfg.scalar_scales else "vector")
+        key += (" x_per_row" if cfg.x_per_row else "") + (" matched" if cfg.matched_loads else "")
         groups.setdefault(key, []).append(us)
         if isinstance(default, MatvecConfig) and (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (
             default.block_n,
@@ -266,7 +271,7 @@ def main() -> int:
             print(f"{model} {name} {qtype.name}: best tensor-core {b[1]:.2f} us {b[0]}", flush=True)
         print(f"{model} {name} {qtype.name}: default {default_us:.2f} us, best {best[1]:.2f} us {best[0]}",
               flush=True)  # fmt: skip
-        if (layout == "planar" or qtype == T.Q6_K) and not args.smoke:
+        if (layout == "planar" or qtype in (T.Q6_K, T.Q8_0, T.Q5_0)) and not args.smoke:
             print(f"{model} {name}: {load_layouts(timed, default)}", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

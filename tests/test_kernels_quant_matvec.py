@@ -340,6 +340,22 @@ def test_q6_k_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, spli
         quant_matvec(x, packed, T.Q6_K, n, k, config=replace(base, int8_x=False, scalar_scales=True))
 
 
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "n,k,split_k,dtype", [(21, 7 * 32, 1, torch.bfloat16), (37, 40 * 32, 3, torch.float32)]
+)
+def test_matched_loads_match_reference(qtype: T, n: int, k: int, split_k: int, dtype: torch.dtype):
+    # fp32 sums in another order (8 elements, then d, then the accumulator): `check`'s tolerance.
+    check(qtype, 1, n, k, dtype, MatvecConfig(8, 128, split_k, matched_loads=True))
+    raw = random_weight(qtype, n, k, seed=1)
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k)
+    x = torch.randn(2, k, device=DEVICE).to(dtype)
+    with pytest.raises(ValueError, match="matched_loads is implemented for one row of 16/32-bit x"):
+        quant_matvec(x, packed, qtype, n, k, config=MatvecConfig(8, 128, split_k, matched_loads=True))
+    with pytest.raises(ValueError, match="matched_loads is implemented for one row"):
+        quant_matvec(x[:1], packed, qtype, n, k, config=MatvecConfig(8, 128, int8_x=True, matched_loads=True))
+
+
 @pytest.mark.parametrize("n,k,split_k", [(21, 7 * 32, 1), (37, 40 * 32, 3)])
 def test_q5_0_flat_accumulator_matches_reference(n: int, k: int, split_k: int):
     # fp32 sums in another order than the per-step reductions: `check`'s reference tolerance applies.

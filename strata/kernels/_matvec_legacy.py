@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
+from strata.kernels._matvec_legacy_matched import q5_0_chunks, q8_0_chunks
 from strata.kernels.pdl import await_inputs, prefetch_weights
 
 
@@ -20,9 +21,10 @@ def q8_0_matvec_kernel(
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, MATCHED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
+    """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
@@ -32,22 +34,27 @@ def q8_0_matvec_kernel(
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     prefetch_weights(qs_ptr, rc, stride_qs, lo * 32, hi * 32, BLOCK_K, PDL)
     await_inputs(PDL)
-    acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
-    for b0 in range(lo, hi, NB):
-        blk = b0 + ib  # (NB,)
-        bm = blk < hi
-        q = tl.load(
-            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 32 + ij[None, None, :],
-            mask=bm[None, :, None],
-            other=0,
-        )  # (BLOCK_N, NB, 32) uint8 holding int8
-        # q + 128 = the byte with its sign bit flipped.
-        w = exact_float(q.to(tl.int32) ^ 0x80, 128)
-        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0).to(tl.float32)
-        for m in tl.static_range(M):
-            xv = tl.load(x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :], mask=bm[:, None], other=0)
-            part = tl.sum(tl.sum(w * xv.to(tl.float32)[None, :, :], 2) * d, 1)
-            acc = add_to_row(acc, part, m, M_PAD)
+    if MATCHED:
+        acc = q8_0_chunks(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, BLOCK_N, NB)[None, :]
+    else:
+        acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+        for b0 in range(lo, hi, NB):
+            blk = b0 + ib  # (NB,)
+            bm = blk < hi
+            q = tl.load(
+                qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 32 + ij[None, None, :],
+                mask=bm[None, :, None],
+                other=0,
+            )  # (BLOCK_N, NB, 32) uint8 holding int8
+            # q + 128 = the byte with its sign bit flipped.
+            w = exact_float(q.to(tl.int32) ^ 0x80, 128)
+            d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
+            d = d.to(tl.float32)
+            for m in tl.static_range(M):
+                x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+                xv = tl.load(x_at, mask=bm[:, None], other=0)
+                part = tl.sum(tl.sum(w * xv.to(tl.float32)[None, :, :], 2) * d, 1)
+                acc = add_to_row(acc, part, m, M_PAD)
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )
@@ -60,10 +67,12 @@ def q5_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FLAT_ACC: tl.constexpr = False,
+    MATCHED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
-    after the loop, instead of three reductions (one across threads) every step."""
+    after the loop, instead of three reductions (one across threads) every step. MATCHED (M = 1):
+    `_matvec_legacy_matched`'s loop, every load in one thread layout."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
@@ -72,31 +81,38 @@ def q5_0_matvec_kernel(
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     prefetch_weights(qs_ptr, rc, stride_qs, lo * 16, hi * 16, BLOCK_K // 2, PDL)
     await_inputs(PDL)
-    acc = tl.zeros((BLOCK_N, NB, 16), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N), tl.float32)
-    for b0 in range(lo, hi, NB):
-        blk = b0 + ib
-        bm = blk < hi
-        # Byte i of a block holds element i in its low nibble and element 16 + i in its high one.
-        q = tl.load(
-            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 16 + ij[None, None, :],
-            mask=bm[None, :, None],
-            other=0,
-        ).to(tl.int32)  # (BLOCK_N, NB, 16)
-        qh = tl.load(qh_ptr + rc[:, None] * stride_qh + blk[None, :], mask=bm[None, :], other=0)[:, :, None]
-        w_lo = exact_float((q & 15) | (((qh >> ij[None, None, :]) & 1) << 4), 16)
-        w_hi = exact_float((q >> 4) | (((qh >> (ij[None, None, :] + 16)) & 1) << 4), 16)
-        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0).to(tl.float32)
-        for m in tl.static_range(M):
-            x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
-            x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-            x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-            if FLAT_ACC:
-                acc += (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
-            else:
-                part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
-                acc = add_to_row(acc, part, m, M_PAD)
-    if FLAT_ACC:
-        acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
+    if MATCHED:
+        acc = q5_0_chunks(
+            x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d, BLOCK_N, NB
+        )[None, :]
+    else:
+        acc = tl.zeros((BLOCK_N, NB, 16), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N), tl.float32)
+        for b0 in range(lo, hi, NB):
+            blk = b0 + ib
+            bm = blk < hi
+            # Byte i of a block holds element i in its low nibble and element 16 + i in its high one.
+            q = tl.load(
+                qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 16 + ij[None, None, :],
+                mask=bm[None, :, None],
+                other=0,
+            ).to(tl.int32)  # (BLOCK_N, NB, 16)
+            qh = tl.load(qh_ptr + rc[:, None] * stride_qh + blk[None, :], mask=bm[None, :], other=0)
+            qh = qh[:, :, None]
+            w_lo = exact_float((q & 15) | (((qh >> ij[None, None, :]) & 1) << 4), 16)
+            w_hi = exact_float((q >> 4) | (((qh >> (ij[None, None, :] + 16)) & 1) << 4), 16)
+            d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
+            d = d.to(tl.float32)
+            for m in tl.static_range(M):
+                x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+                x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+                x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+                if FLAT_ACC:
+                    acc += (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
+                else:
+                    part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
+                    acc = add_to_row(acc, part, m, M_PAD)
+        if FLAT_ACC:
+            acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )

@@ -76,6 +76,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             q8_0 = (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"})
             for kernel, pointers in (q8_0, (q5_0_matvec_kernel, u8q5)):
                 out.append((f"{kernel.__name__} {name} pdl prefetch", kernel, dict(tile, PDL=2), pointers))
+                matched = dict(tile, MATCHED=True, PDL=2)
+                out.append((f"{kernel.__name__} {name} matched loads", kernel, matched, pointers))
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),

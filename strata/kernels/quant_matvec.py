@@ -74,7 +74,10 @@ class MatvecConfig:
     words' layout instead of vectorized, leaving out a layout conversion per step: the same sums
     (Q4_K's default where measured faster, Q6_K's opt-in until timed). `x_per_row`
     (the same kernel, not with rows_at_once) loads x's words in the words' layout, once for each row a
-    thread holds, instead of once and converted: the same sums (opt-in until timed)."""
+    thread holds, instead of once and converted: the same sums (opt-in until timed). `matched_loads`
+    (M = 1, the fp32-x Q8_0 and Q5_0 kernels) runs `_matvec_legacy_matched`'s loop, every load in
+    one thread layout and no conversion inside it: the same products summed in another order
+    (opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -86,6 +89,7 @@ class MatvecConfig:
     flat_acc: bool = False
     scalar_scales: bool = False
     x_per_row: bool = False
+    matched_loads: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -257,7 +261,14 @@ def quant_matvec(
         raise ValueError(
             "MatvecConfig.flat_acc is implemented for one row of x in Q4_K's int8_x kernel and Q5_0's fp32"
         )
+    if cfg.matched_loads and not (m == 1 and not int8_x and qtype in (_T.Q8_0, _T.Q5_0) and not cfg.flat_acc):
+        raise ValueError(
+            "MatvecConfig.matched_loads is implemented for one row of 16/32-bit x in the Q8_0 and Q5_0 "
+            "kernels (not with int8_x or flat_acc)"
+        )
     extra = {"PREFETCH": cfg.prefetch} if planar else {"FLAT_ACC": cfg.flat_acc} if flat_q5_0 else {}
+    if cfg.matched_loads:
+        extra["MATCHED"] = True
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
     # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
