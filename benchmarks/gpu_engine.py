@@ -173,8 +173,8 @@ def profile_decode(folder: Path, short: str, out: Path | None) -> None:
 
 
 def one_step(prof: torch.profiler.profile) -> list[str]:
-    """The kernels of one decode step in launch order with their times: those between the sampler's
-    argmax of the middle step and the next one (each step ends in one)."""
+    """The kernels (and memcpys) of one decode step in launch order with their times: those between
+    the greedy sampler's argmax of the middle step and the next one (each greedy step ends in one)."""
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: e.time_range.start)
     ends = [i for i, e in enumerate(kernels) if "ArgMax" in e.name]

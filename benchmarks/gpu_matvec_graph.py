@@ -126,8 +126,9 @@ def configs(
             if qtype == T.Q6_K and int8:  # and the scales loaded in the products' layout
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, scalar_scales=True))
             if m == 1 and planar and int8:  # and the scales (and x) loaded in the words' layout
-                out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True))
-                out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, True, True, True))
+                flat = MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True)
+                out.append(replace(flat, scalar_scales=True))
+                out.append(replace(flat, scalar_scales=True, x_per_row=True))
             if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8 is None:  # and every load in one layout
                 out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
     if tensor_core:
@@ -191,8 +192,11 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
     for cfg, us in timed:
         if not isinstance(cfg, MatvecConfig):
             continue
+        if cfg.rows_at_once or cfg.prefetch:
+            continue
         key = ("int8 " if cfg.int8_x else "fp32 ") + ("scalar" if cfg.scalar_scales else "vector")
-        key += (" x_per_row" if cfg.x_per_row else "") + (" matched" if cfg.matched_loads else "")
+        key += (" flat" if cfg.flat_acc else "") + (" x_per_row" if cfg.x_per_row else "")
+        key += " matched" if cfg.matched_loads else ""
         groups.setdefault(key, []).append(us)
         if isinstance(default, MatvecConfig) and (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (
             default.block_n,

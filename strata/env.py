@@ -88,9 +88,10 @@ def quant_in_norm() -> bool:
 
 def live_splits() -> bool:
     """STRATA_LIVE_SPLITS=1 (opt-in until timed): the GPU's paged decode attention runs, of the split
-    count fixed on the host (for the longest context a captured graph allows), only the splits each
-    sequence's context fills with 256 positions (counted on the device): short contexts then take one
-    split and skip the merge. 0: every split runs, empty ones included."""
+    count fixed on the host (for the longest context a captured graph allows), at most one split per
+    256 positions of each sequence's context (counted on the device): short contexts then take one
+    split and skip the merge. 0: the splits partition every context as the host's count says (at
+    most one per position), the merge reading them all."""
     return _level("STRATA_LIVE_SPLITS", "0", ("0", "1")) == "1"
 
 

@@ -304,17 +304,24 @@ def test_int8_flat_accumulator_gives_the_same_sums(n: int, k: int, split_k: int)
         quant_matvec(x.repeat(2, 1), packed, T.Q4_K, n, k, config=replace(base, flat_acc=True))
 
 
-@pytest.mark.parametrize("m,n,k,split_k", [(1, 21, 3 * 256, 1), (1, 37, 5 * 256, 2), (3, 19, 2 * 256, 1)])
+@pytest.mark.parametrize(
+    "m,n,k,block_k,split_k",
+    # 768 over steps of 512 and 1,280 split three ways: partly filled steps, where the masks matter.
+    [(1, 21, 3 * 256, 256, 1), (1, 37, 5 * 256, 256, 2), (1, 21, 3 * 256, 512, 1), (1, 19, 5 * 256, 256, 3),
+     (2, 19, 3 * 256, 512, 1), (3, 19, 2 * 256, 256, 1)],
+)  # fmt: skip
 @pytest.mark.parametrize(
     "layouts", [{"scalar_scales": True}, {"x_per_row": True}, {"scalar_scales": True, "x_per_row": True}]
 )
-def test_int8_load_layouts_give_the_same_sums(layouts: dict[str, bool], m: int, n: int, k: int, split_k: int):
+def test_int8_load_layouts_give_the_same_sums(
+    layouts: dict[str, bool], m: int, n: int, k: int, block_k: int, split_k: int
+):
     # The same loads in another thread layout: the same products in the same order; only the final
     # sum over the step's sub-blocks may be reduced in another order on the GPU.
     raw = random_weight(T.Q4_K, n, k, seed=n + m).to(DEVICE)
     packed = pack_quant_weight(raw, T.Q4_K, n, k, "planar")
     x = torch.randn(m, k, device=DEVICE).bfloat16()
-    base = MatvecConfig(8, 256, split_k, int8_x=True, flat_acc=m == 1)
+    base = MatvecConfig(8, block_k, split_k, int8_x=True, flat_acc=m == 1)
     assert_same_sums(x, packed, T.Q4_K, base, replace(base, **layouts))
     with pytest.raises(ValueError, match="is implemented in Q4_K's"):
         quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, int8_x=False, **layouts))
@@ -338,6 +345,23 @@ def test_q6_k_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, spli
         ValueError, match="scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only"
     ):
         quant_matvec(x, packed, T.Q6_K, n, k, config=replace(base, int8_x=False, scalar_scales=True))
+
+
+def test_default_tiles_of_the_q4_k_int8_matvec():
+    # Scales in the words' layout and 8 x 2,048 tiles on the 7B's weights (measured faster), the
+    # vectorized scales elsewhere (the 0.5B's down, output heads: not measured faster).
+    for n, k in ((4608, 3584), (37888, 3584), (3584, 18944)):
+        cfg = default_config(T.Q4_K, 1, n, k, planar_int8=True)
+        assert (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.flat_acc, cfg.scalar_scales) == (
+            8,
+            2048,
+            4,
+            True,
+            True,
+        )
+    for n, k in ((896, 4864), (151936, 896)):
+        cfg = default_config(T.Q4_K, 1, n, k, planar_int8=True)
+        assert cfg.flat_acc and not cfg.scalar_scales
 
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0], ids=lambda t: t.name)

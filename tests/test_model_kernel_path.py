@@ -149,6 +149,17 @@ def test_gpu_pdl_levels_match_cpu_reference(monkeypatch, level: str, tmp_path: P
 
 
 @cuda_only
+def test_gpu_live_splits_match_cpu_reference(monkeypatch, tmp_path: Path) -> None:
+    # STRATA_LIVE_SPLITS under captured graphs with PDL: the split count on the device, the split
+    # kernel writing short contexts' outputs itself and the merge skipping them; the same ids.
+    path = tmp_path / "m.gguf"
+    write_layout(path, load_layout("qwen2.5-0.5b-tiny"), seed=0)
+    ref = greedy_ids(path, "cpu", kernels=False, num_tokens=64)
+    monkeypatch.setenv("STRATA_LIVE_SPLITS", "1")
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64) == ref
+
+
+@cuda_only
 def test_gpu_quantization_in_the_norm_keeps_the_tokens(monkeypatch, tmp_path: Path) -> None:
     # bf16 (int8 matvecs for Q4_K and Q6_K), graphs: the norms' int8 outputs are quantize_x's, bit for bit.
     path = tmp_path / "m.gguf"

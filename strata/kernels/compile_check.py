@@ -102,6 +102,7 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
 
     floats = {f"part_{n}_ptr": "*fp32" for n in ("m", "l", "acc")}
     pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", **floats}
+    pointers["qk_scale"] = "fp32"  # the one float among the scalar arguments
     heads = dict(NUM_HEADS=14, D=64, D_PAD=64, PDL=True)
     split = dict(heads, G=7, G_PAD=16, BLOCK_T=64, PRECISION=None, DOT_F32=False)
     out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
@@ -155,7 +156,7 @@ def compile_for_sm90(fn: Any, constexprs: dict[str, Any], pointers: dict[str, st
     constexprs = {**defaults, **constexprs}
     types = {**POINTERS, **pointers}
     signature = {
-        n: "constexpr" if n in constexprs else types.get(n, "*i32") if n.endswith("_ptr") else "i32"
+        n: "constexpr" if n in constexprs else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
         for n in names
     }
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in constexprs}
@@ -197,13 +198,12 @@ def barriers_in_loops(cubin: bytes) -> int | None:
         for i, line in enumerate(lines)
         if line.strip().startswith(".L") and line.strip().endswith(":")
     }
-    count = 0
+    inside: set[int] = set()  # lines in some loop, counted once however many loops hold them
     for i, line in enumerate(lines):  # a loop: a branch back to a label above it
         target = re.search(r"BRA `?\(?(\.L\w+)", line)
         start = labels.get(target.group(1), i) if target else i
-        if start < i:
-            count += sum("BAR.SYNC" in x for x in lines[start:i])
-    return count
+        inside.update(range(start, i))
+    return sum("BAR.SYNC" in lines[j] for j in inside)
 
 
 def check_pdl(ptx: str, level: int) -> None:

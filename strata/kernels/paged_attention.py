@@ -9,11 +9,11 @@ query heads sharing that KV head (GQA: query head h reads KV head h // G) and wr
 by log-sum-exp. With one split the first kernel normalizes and writes the output itself.
 
 `num_splits` is fixed on the host (a captured CUDA graph keeps it), so it is chosen for the longest
-context a step may have. Asked to (`min_split_len`, STRATA_LIVE_SPLITS on the model path), each
-sequence uses only as many of those splits as its own context fills with that many positions each
-(read on the device): the programs of the splits beyond return at once, and a sequence left with one
-split has its output written by the first kernel, the merge skipping it. A short context in a graph
-captured for long ones then costs one split program per KV head and no merge work.
+context a step may have. On the device each sequence uses at most cdiv(its positions,
+`min_split_len`) of them (`min_split_len` 256 under STRATA_LIVE_SPLITS=1 on the model path, else 1):
+the programs of the splits beyond return at once, and a sequence left with one split has its output
+written by the first kernel, the merge skipping it. A short context in a graph captured for long
+ones then costs one split program per KV head and no merge work.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ MIN_SPLIT_LEN = 256
 @triton.jit
 def _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW: tl.constexpr):
     """(lo, n): the context's first attended position and how many of the `num_splits` splits it
-    uses, each of at least `min_split_len` positions (one at least)."""
+    uses: cdiv(positions, min_split_len), at least one (the chunks, whole tiles, may be shorter)."""
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(ctx - window, 0)
@@ -219,9 +219,9 @@ def paged_decode_attention(
     1/sqrt(head_dim); `window` keeps only the last `window` positions (sliding-window layers).
     `num_splits` defaults to `choose_num_splits` over `max_context_len` (an upper bound known on the
     host; by default the block table's capacity), so choosing never syncs with the device. On the
-    device each sequence uses at most as many of them as its context fills with `min_split_len`
-    positions each (1, the default: all of them, a split of fewer positions than BLOCK_T left empty;
-    MIN_SPLIT_LEN: what `choose_num_splits` would give the context itself).
+    device each sequence uses at most cdiv(its positions, `min_split_len`) of them (1, the default:
+    at most one per position, which partitions the context as all of them would; MIN_SPLIT_LEN: about
+    what `choose_num_splits` would give the context itself).
     """
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
         raise ValueError(

@@ -73,7 +73,7 @@ class MatvecConfig:
     `scalar_scales` (Q4_K's and Q6_K's int8 kernels) loads the sub-block scales one per thread in the
     words' layout instead of vectorized, leaving out a layout conversion per step: the same sums
     (Q4_K's default where measured faster, Q6_K's opt-in until timed). `x_per_row`
-    (the same kernel, not with rows_at_once) loads x's words in the words' layout, once for each row a
+    (Q4_K's int8 kernel, not with rows_at_once) loads x's words in the words' layout, once for each row a
     thread holds, instead of once and converted: the same sums (opt-in until timed). `matched_loads`
     (M = 1, the fp32-x Q8_0 and Q5_0 kernels) runs `_matvec_legacy_matched`'s loop, every load in
     one thread layout and no conversion inside it: the same products summed in another order
@@ -117,8 +117,10 @@ def default_config(
     At M = 1, 512 elements per step and 8 rows per program (more programs, each with more bytes in
     flight) beat the first guess by 1.1-1.6x; very tall matrices (gate+up, the output head) and
     long rows (7B down) want taller tiles; Q6_K keeps 256-element steps except on long rows. Tiny
-    K (the 0.5B's 896) runs best with 8 warps. Wider batches keep the first guess, untuned: shorter
-    steps so that M per-row partial products fit in registers. K is split by `auto_split_k`.
+    K (the 0.5B's 896) runs best with 8 warps. Q4_K's int8 kernel takes 8 x 2,048 tiles with its
+    scales in the words' layout on weights of 2,048-65,535 rows (the 7B's, gate+up and down included).
+    Wider batches keep the first guess, untuned: shorter steps so that M per-row partial products fit
+    in registers. K is split by `auto_split_k`.
     """
     if m == 1 and planar_int8 and 2048 <= n < 65536:
         # Q4_K planar on int8 x, flat accumulator, scales loaded in the words' layout
@@ -253,10 +255,17 @@ def quant_matvec(
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
+    what = f"{qtype.name} ({packed.layout}) with int8_x={int8_x}, rows_at_once={cfg.rows_at_once}"
     if cfg.scalar_scales and not (int8_x and (planar or qtype == _T.Q6_K)):
-        raise ValueError("MatvecConfig.scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only")
+        raise ValueError(
+            f"MatvecConfig.scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only, not "
+            f"{what}: leave it off, or use Q4_K's planar layout or Q6_K with int8_x"
+        )
     if cfg.x_per_row and not (int8_x and planar and not cfg.rows_at_once):
-        raise ValueError("MatvecConfig.x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once")
+        raise ValueError(
+            f"MatvecConfig.x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once, not "
+            f"{what}: leave it off, or use Q4_K's planar layout with int8_x"
+        )
     if cfg.flat_acc and not (m == 1 and not cfg.rows_at_once and ((int8_x and planar) or flat_q5_0)):
         raise ValueError(
             "MatvecConfig.flat_acc is implemented for one row of x in Q4_K's int8_x kernel and Q5_0's fp32"
@@ -264,7 +273,8 @@ def quant_matvec(
     if cfg.matched_loads and not (m == 1 and not int8_x and qtype in (_T.Q8_0, _T.Q5_0) and not cfg.flat_acc):
         raise ValueError(
             "MatvecConfig.matched_loads is implemented for one row of 16/32-bit x in the Q8_0 and Q5_0 "
-            "kernels (not with int8_x or flat_acc)"
+            f"kernels (not with int8_x or flat_acc), not {m} rows of {qtype.name} with int8_x={int8_x}, "
+            f"flat_acc={cfg.flat_acc}: leave it off there"
         )
     extra = {"PREFETCH": cfg.prefetch} if planar else {"FLAT_ACC": cfg.flat_acc} if flat_q5_0 else {}
     if cfg.matched_loads:
