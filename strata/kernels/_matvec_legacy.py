@@ -29,32 +29,15 @@ def q8_0_matvec_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
     rc = tl.minimum(rows, N - 1)
-    ib = tl.arange(0, NB)
-    ij = tl.arange(0, 32)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     prefetch_weights(qs_ptr, rc, stride_qs, lo * 32, hi * 32, BLOCK_K, PDL)
     await_inputs(PDL)
     if MATCHED:
         acc = q8_0_chunks(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, BLOCK_N, NB)[None, :]
     else:
-        acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
-        for b0 in range(lo, hi, NB):
-            blk = b0 + ib  # (NB,)
-            bm = blk < hi
-            q = tl.load(
-                qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 32 + ij[None, None, :],
-                mask=bm[None, :, None],
-                other=0,
-            )  # (BLOCK_N, NB, 32) uint8 holding int8
-            # q + 128 = the byte with its sign bit flipped.
-            w = exact_float(q.to(tl.int32) ^ 0x80, 128)
-            d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
-            d = d.to(tl.float32)
-            for m in tl.static_range(M):
-                x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
-                xv = tl.load(x_at, mask=bm[:, None], other=0)
-                part = tl.sum(tl.sum(w * xv.to(tl.float32)[None, :, :], 2) * d, 1)
-                acc = add_to_row(acc, part, m, M_PAD)
+        acc = _q8_0_rows(
+            x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d, M, M_PAD, BLOCK_N, NB
+        )
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )
@@ -76,8 +59,6 @@ def q5_0_matvec_kernel(
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
-    ib = tl.arange(0, NB)
-    ij = tl.arange(0, 16)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     prefetch_weights(qs_ptr, rc, stride_qs, lo * 16, hi * 16, BLOCK_K // 2, PDL)
     await_inputs(PDL)
@@ -86,36 +67,76 @@ def q5_0_matvec_kernel(
             x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d, BLOCK_N, NB
         )[None, :]
     else:
-        acc = tl.zeros((BLOCK_N, NB, 16), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N), tl.float32)
-        for b0 in range(lo, hi, NB):
-            blk = b0 + ib
-            bm = blk < hi
-            # Byte i of a block holds element i in its low nibble and element 16 + i in its high one.
-            q = tl.load(
-                qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 16 + ij[None, None, :],
-                mask=bm[None, :, None],
-                other=0,
-            ).to(tl.int32)  # (BLOCK_N, NB, 16)
-            qh = tl.load(qh_ptr + rc[:, None] * stride_qh + blk[None, :], mask=bm[None, :], other=0)
-            qh = qh[:, :, None]
-            w_lo = exact_float((q & 15) | (((qh >> ij[None, None, :]) & 1) << 4), 16)
-            w_hi = exact_float((q >> 4) | (((qh >> (ij[None, None, :] + 16)) & 1) << 4), 16)
-            d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
-            d = d.to(tl.float32)
-            for m in tl.static_range(M):
-                x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
-                x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-                x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-                if FLAT_ACC:
-                    acc += (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
-                else:
-                    part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
-                    acc = add_to_row(acc, part, m, M_PAD)
-        if FLAT_ACC:
-            acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
+        acc = _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
+                         M, M_PAD, BLOCK_N, NB, FLAT_ACC)  # fmt: skip
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )
+
+
+@triton.jit
+def _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
+               M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+    """Every row of x times row tile rc over blocks [lo, hi): (M_PAD, BLOCK_N) fp32, each block's
+    sum scaled by its d. BLOCK_N is passed, not read from rc.shape (see `_int8_x.store_int8`)."""
+    ib = tl.arange(0, NB)
+    ij = tl.arange(0, 32)
+    acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
+    for b0 in range(lo, hi, NB):
+        blk = b0 + ib  # (NB,)
+        bm = blk < hi
+        q = tl.load(
+            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 32 + ij[None, None, :],
+            mask=bm[None, :, None],
+            other=0,
+        )  # (BLOCK_N, NB, 32) uint8 holding int8
+        # q + 128 = the byte with its sign bit flipped.
+        w = exact_float(q.to(tl.int32) ^ 0x80, 128)
+        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
+        d = d.to(tl.float32)
+        for m in tl.static_range(M):
+            x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+            xv = tl.load(x_at, mask=bm[:, None], other=0)
+            part = tl.sum(tl.sum(w * xv.to(tl.float32)[None, :, :], 2) * d, 1)
+            acc = add_to_row(acc, part, m, M_PAD)
+    return acc
+
+
+@triton.jit
+def _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
+               M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+               FLAT_ACC: tl.constexpr):  # fmt: skip
+    """As `_q8_0_rows` for Q5_0; FLAT_ACC: see the kernel."""
+    ib = tl.arange(0, NB)
+    ij = tl.arange(0, 16)
+    acc = tl.zeros((BLOCK_N, NB, 16), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N), tl.float32)
+    for b0 in range(lo, hi, NB):
+        blk = b0 + ib
+        bm = blk < hi
+        # Byte i of a block holds element i in its low nibble and element 16 + i in its high one.
+        q = tl.load(
+            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 16 + ij[None, None, :],
+            mask=bm[None, :, None],
+            other=0,
+        ).to(tl.int32)  # (BLOCK_N, NB, 16)
+        qh = tl.load(qh_ptr + rc[:, None] * stride_qh + blk[None, :], mask=bm[None, :], other=0)
+        qh = qh[:, :, None]
+        w_lo = exact_float((q & 15) | (((qh >> ij[None, None, :]) & 1) << 4), 16)
+        w_hi = exact_float((q >> 4) | (((qh >> (ij[None, None, :] + 16)) & 1) << 4), 16)
+        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
+        d = d.to(tl.float32)
+        for m in tl.static_range(M):
+            x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+            x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+            x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+            if FLAT_ACC:
+                acc += (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
+            else:
+                part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
+                acc = add_to_row(acc, part, m, M_PAD)
+    if FLAT_ACC:
+        acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
+    return acc
 
 
 @triton.jit

@@ -76,7 +76,6 @@ def q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rows, lo, hi, stride_qs, stride_qh
         x_at = x_ptr + blk[None, :, None, None] * 32 + i + none
         x_lo = tl.load(x_at, mask=m4, other=0).to(tl.float32)
         x_hi = tl.load(x_at + 16, mask=m4, other=0).to(tl.float32)
-        acc += tl.sum(w_lo * x_lo + w_hi * x_hi, 3) * _per_chunk(d_ptr, rows, stride_d, blk, bm, 2).to(
-            tl.float32
-        )
+        d = _per_chunk(d_ptr, rows, stride_d, blk, bm, 2).to(tl.float32)
+        acc += tl.sum(w_lo * x_lo + w_hi * x_hi, 3) * d
     return tl.sum(tl.sum(acc, 2), 1)

@@ -46,10 +46,10 @@ def q4_k_int8_matvec_kernel(
     lo, hi = split_range(n_sub, NS, SPLIT_K)
     await_inputs(PDL)
     acc = tl.zeros((BLOCK_N, NS), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
+    strides = (stride_qs, stride_sc, stride_mn, stride_dm)
     for s0 in range(lo, hi, NS):
         s = s0 + js
         sv = s < hi
-        strides = (stride_qs, stride_sc, stride_mn, stride_dm)
         words, sc, mn, d, dmin = _loads(
             qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, SCALAR=SCALAR_SCALES
         )  # words (BLOCK_N, NS, 4)
@@ -64,23 +64,8 @@ def q4_k_int8_matvec_kernel(
         elif ROWS_AT_ONCE:
             acc += _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM)
         else:
-            acc = _row_by_row(
-                acc,
-                xq_ptr,
-                xd_ptr,
-                xs_ptr,
-                s,
-                sv,
-                n_sub,
-                w_lo,
-                w_hi,
-                d_sc,
-                d_mn,
-                M,
-                M_PAD,
-                USE_ASM,
-                X_PER_ROW,
-            )
+            acc = _row_by_row(acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD,
+                              USE_ASM, X_PER_ROW)  # fmt: skip
     acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K

@@ -79,12 +79,8 @@ def q6_k_int8_matvec_kernel(
         m4 = gv[None, :, None, None]
         qh = tl.load(qh_ptr + rc * stride_qh + g4 * 8 + word, mask=m4, other=0)  # (BLOCK_N, NH, 2, 4)
         if SCALAR_SCALES:  # d in the layout of the scales below: one load for each of the two
-            d_at = (
-                d_ptr
-                + rc1[:, None, None] * stride_d
-                + (g // 2)[None, :, None]
-                + tl.zeros((1, 1, 2), tl.int32)
-            )
+            two = tl.zeros((1, 1, 2), tl.int32)
+            d_at = d_ptr + rc1[:, None, None] * stride_d + (g // 2)[None, :, None] + two
             d = tl.load(d_at, mask=gv[None, :, None], other=0).to(tl.float32)  # (BLOCK_N, NH, 2)
         else:
             d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
