@@ -95,6 +95,14 @@ def live_splits() -> bool:
     return _level("STRATA_LIVE_SPLITS", "0", ("0", "1")) == "1"
 
 
+def rope_in_attention() -> bool:
+    """STRATA_ROPE_IN_ATTENTION=1 (opt-in until timed): on the GPU kernel path, a decode step's
+    rotary embedding and K/V-cache write are done by the paged decode attention kernel (each split
+    rotates q; the one holding the new position writes its K and V first) instead of a launch of
+    their own: one launch fewer per layer, the same bits. 0: `rotary_kv_write` launches first."""
+    return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
+
+
 def pdl() -> int:
     """STRATA_PDL (default 2): the GPU kernels of a captured decode step are launched with
     programmatic dependent launch (Hopper and later): each kernel's programs start while the one

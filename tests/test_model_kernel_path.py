@@ -168,3 +168,16 @@ def test_gpu_quantization_in_the_norm_keeps_the_tokens(monkeypatch, tmp_path: Pa
     expected = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
     monkeypatch.delenv("STRATA_QUANT_IN_NORM")  # the default: quantized in the norm
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
+
+
+@cuda_only
+def test_gpu_rope_in_attention_keeps_the_tokens(monkeypatch, tmp_path: Path) -> None:
+    # STRATA_ROPE_IN_ATTENTION under captured graphs with PDL, with and without live splits (bf16: the
+    # new K rounded to the cache's dtype in the attention kernel): the ids of the rotary kernel's path.
+    path = tmp_path / "m.gguf"
+    write_layout(path, load_layout("qwen2.5-0.5b-tiny"), seed=0)
+    expected = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
+    monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "1")
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
+    monkeypatch.setenv("STRATA_LIVE_SPLITS", "1")
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected

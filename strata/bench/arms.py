@@ -17,6 +17,7 @@ ENV_OPTIONS = {
     "pdl": "STRATA_PDL",
     "quant_in_norm": "STRATA_QUANT_IN_NORM",
     "live_splits": "STRATA_LIVE_SPLITS",
+    "rope_in_attention": "STRATA_ROPE_IN_ATTENTION",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

@@ -14,6 +14,11 @@ context a step may have. On the device each sequence uses at most cdiv(its posit
 the programs of the splits beyond return at once, and a sequence left with one split has its output
 written by the first kernel, the merge skipping it. A short context in a graph captured for long
 ones then costs one split program per KV head and no merge work.
+
+With `new_kv` (STRATA_ROPE_IN_ATTENTION=1 on the model path) the split kernel also does
+`rotary_kv.rotary_kv_write`'s work for the step, one launch fewer per layer: every split rotates its
+q heads in registers, and the split holding the new token writes that token's rotated K and its V
+first, behind a barrier, then reads them with the rest of its chunk.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.pdl import await_inputs, launch_args
+from strata.kernels.rotary_kv import NewKV, rope_channels, rope_cos_sin, rope_rotate
 
 _LOG2E = 1.4426950408889634
 # Below this many positions a split's merge costs more than the parallelism gains.
@@ -45,13 +51,17 @@ def _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW: tl.constexp
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
     qk_scale, window, block_size, num_splits, min_split_len,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
+    stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, ROPE: tl.constexpr = False, ROPE_DIM: tl.constexpr = 0,
+    INTERLEAVED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
+    """ROPE: q and the new token's k come unrotated; see `paged_decode_attention`'s `new_kv`."""
     await_inputs(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -61,22 +71,29 @@ def _split_kernel(
     if split < live:
         _split_chunk(
             q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+            k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
             qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live,
             stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
+            stride_knb, stride_knh, stride_vnb, stride_vnh,
             NUM_HEADS, G, G_PAD, D, D_PAD, BLOCK_T, ONE_SPLIT, PRECISION, DOT_F32,
+            ROPE, ROPE_DIM, INTERLEAVED,
         )  # fmt: skip
 
 
 @triton.jit
 def _split_chunk(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
     qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
+    stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    ROPE: tl.constexpr, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
-    one, else its partial."""
+    one, else its partial. With ROPE, the chunk holding the new token (position ctx - 1) first writes
+    that token's rotated K and its V to the cache; the other chunks never read its slot."""
     # Chunks are whole tiles so that only a chunk's last tile is partial.
     chunk = tl.cdiv(tl.cdiv(ctx - lo, live), BLOCK_T) * BLOCK_T
     start = lo + split * chunk
@@ -87,9 +104,25 @@ def _split_chunk(
     heads = kvh * G + ig
     gm = ig < G
     dm = idim < D
-    q = tl.load(
-        q_ptr + b * stride_qb + heads[:, None] * stride_qh + idim[None, :], mask=gm[:, None] & dm[None, :]
-    )
+    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+    qm = gm[:, None] & dm[None, :]
+    if ROPE:
+        rotated, partner, freq, sign = rope_channels(idim, ROPE_DIM, INTERLEAVED)
+        cos, sin = rope_cos_sin(positions_ptr, b, inv_freq_ptr, rope_scale, freq, rotated)
+        if (ctx - 1 >= start) & (ctx - 1 < end):
+            _write_new_kv(
+                k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_mapping_ptr, b, kvh, idim, dm,
+                partner, sign, cos, sin, rotated,
+                stride_knb, stride_knh, stride_vnb, stride_vnh, stride_ks, stride_kh, stride_vs, stride_vh,
+            )  # fmt: skip
+            tl.debug_barrier()  # the stores seen by all of this program's threads before the loop reads
+        x = tl.load(q_rows + idim[None, :], mask=qm).to(tl.float32)
+        xp = tl.load(q_rows + partner[None, :], mask=qm).to(tl.float32)
+        # Rounded to q's dtype, as the rotary kernel stores it.
+        q = rope_rotate(x, xp, sign[None, :], cos[None, :], sin[None, :], rotated[None, :])
+        q = q.to(q_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_rows + idim[None, :], mask=qm)
     q = q.to(k_ptr.dtype.element_ty)  # (G_PAD, D_PAD)
     if DOT_F32:
         q = q.to(tl.float32)
@@ -132,6 +165,24 @@ def _split_chunk(
         tl.store(part_m_ptr + row, m_i, mask=gm)
         tl.store(part_l_ptr + row, l_i, mask=gm)
         tl.store(part_acc_ptr + row[:, None] * D_PAD + idim[None, :], acc, mask=gm[:, None])
+
+
+@triton.jit
+def _write_new_kv(
+    k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_mapping_ptr, b, kvh, idim, dm, partner, sign, cos, sin, rotated,
+    stride_knb, stride_knh, stride_vnb, stride_vnh, stride_ks, stride_kh, stride_vs, stride_vh,
+):  # fmt: skip
+    """Sequence b's new K (rotated, rounded to k's dtype then the cache's, as `rotary_kv_write`
+    rounds it) and V for KV head kvh at its slot; a negative slot (padding) writes nothing."""
+    slot = tl.load(slot_mapping_ptr + b).to(tl.int64)
+    if slot >= 0:
+        k_row = k_new_ptr + b * stride_knb + kvh * stride_knh
+        x = tl.load(k_row + idim, mask=dm).to(tl.float32)
+        xp = tl.load(k_row + partner, mask=dm).to(tl.float32)
+        k = rope_rotate(x, xp, sign, cos, sin, rotated).to(k_new_ptr.dtype.element_ty)
+        tl.store(k_ptr + slot * stride_ks + kvh * stride_kh + idim, k.to(k_ptr.dtype.element_ty), mask=dm)
+        v = tl.load(v_new_ptr + b * stride_vnb + kvh * stride_vnh + idim, mask=dm)
+        tl.store(v_ptr + slot * stride_vs + kvh * stride_vh + idim, v.to(v_ptr.dtype.element_ty), mask=dm)
 
 
 @triton.jit
@@ -208,6 +259,7 @@ def paged_decode_attention(
     max_context_len: int | None = None,
     min_split_len: int = 1,
     out: torch.Tensor | None = None,
+    new_kv: NewKV | None = None,
     block_t: int = 64,
     num_warps: int = 4,
 ) -> torch.Tensor:
@@ -222,6 +274,12 @@ def paged_decode_attention(
     device each sequence uses at most cdiv(its positions, `min_split_len`) of them (1, the default:
     at most one per position, which partitions the context as all of them would; MIN_SPLIT_LEN: about
     what `choose_num_splits` would give the context itself).
+
+    `new_kv`: q comes unrotated and the new token's K/V are not yet in the cache; the kernel does
+    `rotary_kv_write`'s work (one launch fewer): each split rotates q as that kernel would, and the
+    one holding position context_len - 1 first writes that position's rotated K and V at
+    `new_kv.slot_mapping`, which must be the slot the block table gives it. The same bits as
+    `rotary_kv_write` then this function (q's rotation is not written back).
     """
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -253,6 +311,12 @@ def paged_decode_attention(
             f"block_size, window and min_split_len must be >= 1, got {block_size}, {window} and "
             f"{min_split_len}"
         )
+    rope = {}
+    if new_kv is not None:
+        new_kv.check(q, k_cache, v_cache)
+        if new_kv.k.stride(2) != 1 or new_kv.v.stride(2) != 1:
+            raise ValueError("new_kv's k and v need a contiguous last dim")
+        rope = dict(ROPE=True, ROPE_DIM=new_kv.rope_dim, INTERLEAVED=new_kv.layout == "interleaved")
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
@@ -280,13 +344,17 @@ def paged_decode_attention(
         part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(batch, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
+    nk = new_kv or NewKV(q, q, context_lens, context_lens, q, 0, "neox")  # placeholders: never read
     _split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc,
+        nk.k, nk.v, nk.positions, nk.inv_freq, nk.slot_mapping, float(nk.scale),
         scale * _LOG2E, window or 0, block_size, num_splits, min_split_len,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1),
+        nk.k.stride(0), nk.k.stride(1), nk.v.stride(0), nk.v.stride(1),
         NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
         ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
+        **rope,
         num_warps=num_warps,
         **launch_args(q.device),
     )  # fmt: skip

@@ -10,6 +10,7 @@ KVCache.write would round it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -80,6 +81,39 @@ def _rotary_kv_kernel(
             tl.store(vc_row + d * stride_vcd, v.to(v_cache_ptr.dtype.element_ty), mask=dm)
 
 
+@triton.jit
+def rope_channels(d, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """For channels d of a head, laid out whole (not as pairs): (rotated, partner, freq, sign) —
+    whether d is rotated, the other channel of its pair, its pair's inv_freq index, and -1 on a
+    pair's first channel, +1 on its second (see `rope_rotate`)."""
+    rotated = d < ROPE_DIM
+    if INTERLEAVED:
+        first = d % 2 == 0
+        partner = d ^ 1
+        freq = d // 2
+    else:
+        first = d < ROPE_DIM // 2
+        partner = tl.where(first, d + ROPE_DIM // 2, d - ROPE_DIM // 2)
+        freq = tl.where(first, d, d - ROPE_DIM // 2)
+    return rotated, partner, freq, tl.where(first, -1.0, 1.0)
+
+
+@triton.jit
+def rope_cos_sin(positions_ptr, t, inv_freq_ptr, scale, freq, rotated):
+    """cos and sin of token t's angles at `freq`, computed as `_rotary_kv_kernel` computes them."""
+    pos = tl.math.div_rn(tl.load(positions_ptr + t).to(tl.float32), scale)
+    angle = pos * tl.load(inv_freq_ptr + freq, mask=rotated, other=0.0)
+    return tl.cos(angle), tl.sin(angle)
+
+
+@triton.jit
+def rope_rotate(x, x_partner, sign, cos, sin, rotated):
+    """x rotated channel by channel (fp32): x * cos - partner * sin on a pair's first channel, x * cos
+    + partner * sin on its second, x past rope_dim. The sign multiplies exactly and the terms keep
+    `_rotary_kv_kernel`'s order, so the results (and their FMA contraction) are that kernel's."""
+    return tl.where(rotated, x * cos + (sign * x_partner) * sin, x)
+
+
 def _check(
     name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], q: torch.Tensor
 ) -> None:
@@ -91,6 +125,42 @@ def _check(
         raise ValueError(f"{name} must be ({want}); got {tuple(t.shape)}")
     if t.device != q.device:
         raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
+@dataclass(frozen=True)
+class NewKV:
+    """A step's new K and V (one row per token, not yet rotated) and how to rotate and place them:
+    `rotary_kv_write`'s inputs other than q and the caches, for kernels that do its work themselves
+    (`paged_attention.paged_decode_attention`)."""
+
+    k: torch.Tensor  # (tokens, kv_heads, head_dim)
+    v: torch.Tensor  # (tokens, kv_heads, head_dim)
+    positions: torch.Tensor  # (tokens,)
+    slot_mapping: torch.Tensor  # (tokens,), a negative slot writes nothing
+    inv_freq: torch.Tensor  # (rope_dim / 2,) fp32
+    rope_dim: int
+    layout: Literal["neox", "interleaved"]
+    scale: float = 1.0
+
+    def check(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Raises on inputs `rotary_kv_write` would refuse (see its docstring)."""
+        _check("q", q, (-1, -1, -1), _DTYPES, q)
+        num_tokens, _, head_dim = q.shape
+        _check("k", self.k, (num_tokens, -1, head_dim), _DTYPES, q)
+        num_kv_heads = self.k.shape[1]
+        _check("v", self.v, (num_tokens, num_kv_heads, head_dim), _DTYPES, q)
+        _check("k_cache", k_cache, (-1, num_kv_heads, head_dim), _DTYPES, q)
+        _check("v_cache", v_cache, (k_cache.shape[0], num_kv_heads, head_dim), _DTYPES, q)
+        _check("positions", self.positions, (num_tokens,), _INDEX_DTYPES, q)
+        _check("slot_mapping", self.slot_mapping, (num_tokens,), _INDEX_DTYPES, q)
+        rope_dim = self.rope_dim
+        if rope_dim < 2 or rope_dim % 2 or rope_dim > head_dim:
+            raise ValueError(f"rope_dim must be even and in [2, head_dim={head_dim}], got {rope_dim}")
+        _check("inv_freq", self.inv_freq, (rope_dim // 2,), (torch.float32,), q)
+        if self.layout not in ("neox", "interleaved"):
+            raise ValueError(f'layout must be "neox" or "interleaved", got {self.layout!r}')
+        if not self.scale > 0:
+            raise ValueError(f"scale must be > 0, got {self.scale}")
 
 
 def rotary_kv_write(
@@ -117,26 +187,12 @@ def rotary_kv_write(
     nothing (padding). `layout` is "neox" or "interleaved"; `scale` divides positions (linear RoPE
     scaling). No host-device sync: safe to capture in a CUDA graph.
     """
-    _check("q", q, (-1, -1, -1), _DTYPES, q)
+    NewKV(k, v, positions, slot_mapping, inv_freq, rope_dim, layout, scale).check(q, k_cache, v_cache)
     num_tokens, num_heads, head_dim = q.shape
-    _check("k", k, (num_tokens, -1, head_dim), _DTYPES, q)
-    num_kv_heads = k.shape[1]
-    _check("v", v, (num_tokens, num_kv_heads, head_dim), _DTYPES, q)
-    _check("k_cache", k_cache, (-1, num_kv_heads, head_dim), _DTYPES, q)
-    _check("v_cache", v_cache, (k_cache.shape[0], num_kv_heads, head_dim), _DTYPES, q)
-    _check("positions", positions, (num_tokens,), _INDEX_DTYPES, q)
-    _check("slot_mapping", slot_mapping, (num_tokens,), _INDEX_DTYPES, q)
-    if rope_dim < 2 or rope_dim % 2 or rope_dim > head_dim:
-        raise ValueError(f"rope_dim must be even and in [2, head_dim={head_dim}], got {rope_dim}")
-    _check("inv_freq", inv_freq, (rope_dim // 2,), (torch.float32,), q)
-    if layout not in ("neox", "interleaved"):
-        raise ValueError(f'layout must be "neox" or "interleaved", got {layout!r}')
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
     if num_tokens == 0:
         return
 
-    _rotary_kv_kernel[(num_tokens, num_heads + num_kv_heads)](
+    _rotary_kv_kernel[(num_tokens, num_heads + k.shape[1])](
         q, k, v, positions, inv_freq, k_cache, v_cache, slot_mapping,
         float(scale),
         *q.stride(), *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),

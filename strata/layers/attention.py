@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,10 +12,14 @@ from strata import env
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill
 from strata.layers.rotary import RotaryEmbedding
 
+if TYPE_CHECKING:
+    from strata.kernels.rotary_kv import NewKV
+
 
 class Attention(nn.Module):
     """Rotates q and k, writes this step's K/V at their slots, then attends each sequence over its
-    context's slots. On the kernel path rotation and the K/V write are one kernel."""
+    context's slots. On the kernel path rotation and the K/V write are one kernel, or (decode steps,
+    STRATA_ROPE_IN_ATTENTION=1) done by the attention kernel itself."""
 
     def __init__(
         self,
@@ -34,9 +40,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim); not rotated
         if self.fused:
-            from strata.kernels.rotary_kv import rotary_kv_write  # needs triton
+            from strata.kernels.rotary_kv import NewKV, rotary_kv_write  # needs triton
 
             r = self.rotary
+            if meta.paged is not None and env.rope_in_attention():
+                new_kv = NewKV(k, v, meta.positions, meta.slot_mapping, r.inv_freq, r.dim, r.layout, r.scale)
+                return self._paged_decode(q, kv, meta.paged, new_kv)
             k_cache, v_cache = kv.layer(self.layer)
             rotary_kv_write(
                 q, k, v, meta.positions, r.inv_freq, k_cache, v_cache, meta.slot_mapping,
@@ -63,7 +72,10 @@ class Attention(nn.Module):
             outs.append(out.transpose(0, 1))
         return torch.cat(outs).flatten(1)  # (num_tokens, num_heads * head_dim)
 
-    def _paged_decode(self, q: torch.Tensor, kv: KVCache, paged: PagedDecode) -> torch.Tensor:
+    def _paged_decode(
+        self, q: torch.Tensor, kv: KVCache, paged: PagedDecode, new_kv: NewKV | None = None
+    ) -> torch.Tensor:
+        """new_kv: q and this step's K/V come unrotated, K/V not yet written (the kernel does both)."""
         from strata.kernels.paged_attention import MIN_SPLIT_LEN, paged_decode_attention  # needs triton
 
         k_cache, v_cache = kv.layer(self.layer)
@@ -71,7 +83,7 @@ class Attention(nn.Module):
             q, k_cache, v_cache, paged.block_tables, paged.context_lens,
             block_size=paged.block_size, scale=self.scale, window=self.window,
             num_splits=paged.num_splits, max_context_len=paged.max_context_len,
-            min_split_len=MIN_SPLIT_LEN if env.live_splits() else 1,
+            min_split_len=MIN_SPLIT_LEN if env.live_splits() else 1, new_kv=new_kv,
         )  # fmt: skip
         return out.flatten(1)
 
