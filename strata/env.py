@@ -103,6 +103,21 @@ def rope_in_attention() -> bool:
     return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
 
 
+def decode_splits() -> tuple[int, int]:
+    """STRATA_MAX_SPLITS (default 64, at most 1024) and STRATA_SPLIT_PROGRAMS (default 2): the GPU's
+    paged decode attention cuts a context into at most MAX_SPLITS splits, as many as give
+    SPLIT_PROGRAMS (sequence, KV head, split) programs per SM (fewer on short contexts). Knobs for
+    measuring long contexts (`strata bench ab` arm options), where one sequence's two KV heads give
+    the SMs one program each at the default cap."""
+    values = []
+    for name, default, most in (("STRATA_MAX_SPLITS", 64, 1024), ("STRATA_SPLIT_PROGRAMS", 2, 64)):
+        value = os.environ.get(name, "") or str(default)
+        if not value.isdigit() or not 1 <= int(value) <= most:
+            raise ValueError(f"{name}={value!r} must be an integer from 1 to {most}; unset it for {default}")
+        values.append(int(value))
+    return values[0], values[1]
+
+
 def pdl() -> int:
     """STRATA_PDL (default 2): the GPU kernels of a captured decode step are launched with
     programmatic dependent launch (Hopper and later): each kernel's programs start while the one

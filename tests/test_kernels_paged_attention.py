@@ -75,6 +75,7 @@ def check(
     num_splits,
     window=None,
     min_split_len=1,
+    block_t=64,
 ):
     # min_split_len=1: every split a context can fill runs, so short contexts still exercise the merge.
     q, k_cache, v_cache, tables, lens, contexts = make_case(
@@ -85,7 +86,7 @@ def check(
     got = paged_decode_attention(
         q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE),
         block_size=block_size, scale=scale, window=window, num_splits=num_splits, out=out,
-        min_split_len=min_split_len,
+        min_split_len=min_split_len, block_t=block_t,
     )  # fmt: skip
     assert got is out
     got = got.cpu().double()
@@ -160,3 +161,41 @@ def test_errors_name_the_problem():
         paged_decode_attention(q, k, v, tables, lens[:0], block_size=4)
     with pytest.raises(ValueError, match="min_split_len must be >= 1, got 4, None and 0"):
         paged_decode_attention(q, k, v, tables, lens, block_size=4, min_split_len=0)
+
+
+@pytest.mark.parametrize("num_splits", [65, 100])
+def test_more_splits_than_one_merge_tile(num_splits):
+    # Past 64 splits the merge takes its partials in chunks of 64 (its max first, then the sums): with
+    # 16-position tiles a 3,000-long context fills 94 of them, a 300-long one 19, a 17-long one 2.
+    check([3000, 300, 17], 4, 2, 16, 16, torch.float32, num_splits, block_t=16)
+    check([3000, 1], 4, 1, 16, 16, torch.float16, num_splits, window=1500, block_t=16)
+
+
+def test_split_knobs():
+    # One sequence of two KV heads: 64 splits at the default cap; with the cap at 256, 125 over 32,000
+    # positions (256 each), and over 64,000 132 (two programs per SM) or 250 (four, then by length).
+    assert choose_num_splits(1, 2, 32_000) == 64
+    assert choose_num_splits(1, 2, 32_000, max_splits=256) == 125
+    assert choose_num_splits(1, 2, 64_000, max_splits=256) == 132
+    assert choose_num_splits(1, 2, 64_000, max_splits=256, programs_per_sm=4) == 250
+    assert choose_num_splits(1, 2, 300, max_splits=256, programs_per_sm=4) == 2
+    q = torch.zeros(1, 2, 16, device=DEVICE)
+    cache = torch.zeros(16, 2, 16, device=DEVICE)
+    tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    tables, lens = tables.to(DEVICE), lens.to(DEVICE)
+    with pytest.raises(ValueError, match="max_splits and programs_per_sm must be >= 1, got None, 0"):
+        paged_decode_attention(q, cache, cache, tables, lens, block_size=16, max_splits=0)
+
+
+def test_split_env(monkeypatch):
+    from strata import env
+
+    monkeypatch.delenv("STRATA_MAX_SPLITS", raising=False)
+    monkeypatch.delenv("STRATA_SPLIT_PROGRAMS", raising=False)
+    assert env.decode_splits() == (64, 2)
+    monkeypatch.setenv("STRATA_MAX_SPLITS", "256")
+    monkeypatch.setenv("STRATA_SPLIT_PROGRAMS", "4")
+    assert env.decode_splits() == (256, 4)
+    monkeypatch.setenv("STRATA_MAX_SPLITS", "0")
+    with pytest.raises(ValueError, match="STRATA_MAX_SPLITS='0' must be an integer from 1 to 1024; unset it"):
+        env.decode_splits()

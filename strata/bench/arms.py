@@ -18,6 +18,8 @@ ENV_OPTIONS = {
     "quant_in_norm": "STRATA_QUANT_IN_NORM",
     "live_splits": "STRATA_LIVE_SPLITS",
     "rope_in_attention": "STRATA_ROPE_IN_ATTENTION",
+    "max_splits": "STRATA_MAX_SPLITS",
+    "split_programs": "STRATA_SPLIT_PROGRAMS",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

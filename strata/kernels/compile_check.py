@@ -97,7 +97,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
 def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     """Paged decode attention at the 0.5B's heads (14 query heads over 2 KV heads of 64): the split
-    kernel with one split and with partials, with a window, and the merge."""
+    kernel with one split and with partials, with a window, with the rotary embedding, and the merge
+    of up to 64 splits and of more."""
     from strata.kernels.paged_attention import _merge_kernel, _split_kernel
 
     floats = {f"part_{n}_ptr": "*fp32" for n in ("m", "l", "acc")}
@@ -115,6 +116,7 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
     consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=False, ROPE=True, ROPE_DIM=64)
     out.append(("attention split rope", _split_kernel, consts, {**pointers, **rope}))
     out.append(("attention merge", _merge_kernel, dict(heads, S_PAD=64, HAS_WINDOW=True), pointers))
+    out.append(("attention merge in chunks", _merge_kernel, dict(heads, S_PAD=256, HAS_WINDOW=True), pointers))
     return out
 
 

@@ -198,7 +198,7 @@ def _merge_kernel(
     out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, context_lens_ptr,
     window, num_splits, min_split_len, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, MERGE_CHUNK: tl.constexpr = 64,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
@@ -206,8 +206,12 @@ def _merge_kernel(
     h = tl.program_id(1)
     _, live = _live_splits(tl.load(context_lens_ptr + b), window, num_splits, min_split_len, HAS_WINDOW)
     if live > 1:  # one split wrote the output itself
-        _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, stride_ob, stride_oh,
-               NUM_HEADS, D, D_PAD, S_PAD)  # fmt: skip
+        if S_PAD <= MERGE_CHUNK:
+            _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits,
+                   stride_ob, stride_oh, NUM_HEADS, D, D_PAD, S_PAD)  # fmt: skip
+        else:
+            _merge_chunks(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits,
+                          stride_ob, stride_oh, NUM_HEADS, D, D_PAD, MERGE_CHUNK)  # fmt: skip
 
 
 @triton.jit
@@ -230,19 +234,50 @@ def _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits
     tl.store(out_ptr + b * stride_ob + h * stride_oh + idim, out.to(out_ptr.dtype.element_ty), mask=idim < D)
 
 
+@triton.jit
+def _merge_chunks(
+    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """`_merge` over more splits than one (CHUNK, D_PAD) tile holds in registers: the largest running
+    max first, then the weighted sums chunk by chunk."""
+    idim = tl.arange(0, D_PAD)
+    row0 = (b * NUM_HEADS + h) * num_splits
+    m_max = float("-inf")
+    for s0 in range(0, live, CHUNK):
+        isp = s0 + tl.arange(0, CHUNK)
+        m = tl.load(part_m_ptr + row0 + isp, mask=isp < live, other=float("-inf"))
+        m_max = tl.maximum(m_max, tl.max(m, 0))
+    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
+    den = 0.0
+    num = tl.zeros((D_PAD,), tl.float32)
+    for s0 in range(0, live, CHUNK):
+        isp = s0 + tl.arange(0, CHUNK)
+        sm = isp < live
+        w = tl.exp2(tl.load(part_m_ptr + row0 + isp, mask=sm, other=float("-inf")) - m_ref)
+        den += tl.sum(w * tl.load(part_l_ptr + row0 + isp, mask=sm, other=0.0), 0)
+        acc_at = part_acc_ptr + (row0 + isp)[:, None] * D_PAD + idim[None, :]
+        acc = tl.load(acc_at, mask=sm[:, None], other=0.0)
+        num += tl.sum(acc * w[:, None], 0)
+    out = num / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + idim, out.to(out_ptr.dtype.element_ty), mask=idim < D)
+
+
 def choose_num_splits(
     batch: int,
     num_kv_heads: int,
     max_context_len: int,
     num_sms: int = 132,
     min_split_len: int = MIN_SPLIT_LEN,
+    max_splits: int = 64,
+    programs_per_sm: int = 2,
 ) -> int:
-    """Splits per sequence: enough (sequence, KV head, split) programs for two per SM, but no split
-    shorter than `min_split_len` positions (below that the merge costs more than the parallelism
-    gains), and at most 64."""
-    want = triton.cdiv(2 * num_sms, max(1, batch * num_kv_heads))
+    """Splits per sequence: enough (sequence, KV head, split) programs for `programs_per_sm` per SM,
+    but no split shorter than `min_split_len` positions (below that the merge costs more than the
+    parallelism gains), and at most `max_splits`."""
+    want = triton.cdiv(programs_per_sm * num_sms, max(1, batch * num_kv_heads))
     by_len = triton.cdiv(max(1, max_context_len), min_split_len)
-    return max(1, min(want, by_len, 64))
+    return max(1, min(want, by_len, max_splits))
 
 
 def paged_decode_attention(
@@ -260,6 +295,8 @@ def paged_decode_attention(
     min_split_len: int = 1,
     out: torch.Tensor | None = None,
     new_kv: NewKV | None = None,
+    max_splits: int = 64,
+    programs_per_sm: int = 2,
     block_t: int = 64,
     num_warps: int = 4,
 ) -> torch.Tensor:
@@ -270,7 +307,8 @@ def paged_decode_attention(
     and counting the new token (whose K/V must already be written). `scale` defaults to
     1/sqrt(head_dim); `window` keeps only the last `window` positions (sliding-window layers).
     `num_splits` defaults to `choose_num_splits` over `max_context_len` (an upper bound known on the
-    host; by default the block table's capacity), so choosing never syncs with the device. On the
+    host; by default the block table's capacity; `max_splits` and `programs_per_sm` passed on), so
+    choosing never syncs with the device. More than 64 splits are merged in chunks of 64. On the
     device each sequence uses at most cdiv(its positions, `min_split_len`) of them (1, the default:
     at most one per position, which partitions the context as all of them would; MIN_SPLIT_LEN: about
     what `choose_num_splits` would give the context itself).
@@ -306,6 +344,11 @@ def paged_decode_attention(
         raise ValueError("q, k_cache, v_cache and block_tables need a contiguous last dim")
     if block_t < 16 or block_t & (block_t - 1):
         raise ValueError(f"block_t must be a power of two >= 16 (tl.dot's minimum), got {block_t}")
+    if min(max_splits, programs_per_sm, num_splits or 1) < 1:
+        raise ValueError(
+            f"num_splits, max_splits and programs_per_sm must be >= 1, got {num_splits}, {max_splits} and "
+            f"{programs_per_sm}"
+        )
     if block_size < 1 or (window is not None and window < 1) or min_split_len < 1:
         raise ValueError(
             f"block_size, window and min_split_len must be >= 1, got {block_size}, {window} and "
@@ -329,7 +372,10 @@ def paged_decode_attention(
         max_context_len = min(max_context_len, window)
     if num_splits is None:
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
-        num_splits = choose_num_splits(batch, num_kv_heads, max_context_len, num_sms)
+        num_splits = choose_num_splits(
+            batch, num_kv_heads, max_context_len, num_sms, max_splits=max_splits,
+            programs_per_sm=programs_per_sm,
+        )  # fmt: skip
     group = num_heads // num_kv_heads
     d_pad = triton.next_power_of_2(head_dim)
     # tl.dot needs at least 16 rows; the padded query rows are masked out.

@@ -79,11 +79,13 @@ class Attention(nn.Module):
         from strata.kernels.paged_attention import MIN_SPLIT_LEN, paged_decode_attention  # needs triton
 
         k_cache, v_cache = kv.layer(self.layer)
+        max_splits, programs_per_sm = env.decode_splits()
         out = paged_decode_attention(
             q, k_cache, v_cache, paged.block_tables, paged.context_lens,
             block_size=paged.block_size, scale=self.scale, window=self.window,
             num_splits=paged.num_splits, max_context_len=paged.max_context_len,
             min_split_len=MIN_SPLIT_LEN if env.live_splits() else 1, new_kv=new_kv,
+            max_splits=max_splits, programs_per_sm=programs_per_sm,
         )  # fmt: skip
         return out.flatten(1)
 
