@@ -1,7 +1,8 @@
 """The matvec loop's variants (MatvecConfig's rows_at_once, flat_acc, scalar_scales, x_per_row,
-matched_loads): each against the kernel it varies (the same sums, bit for bit in the interpreter) or
-against the reference within `check`'s tolerance where it sums in another order, and the configs
-each one refuses. The kernels against the reference are in test_kernels_quant_matvec."""
+prefetch with int8 x, max_registers, matched_loads): each against the kernel it varies (the same
+sums, bit for bit in the interpreter) or against the reference within `check`'s tolerance where it
+sums in another order, and the configs each one refuses. The kernels against the reference are in
+test_kernels_quant_matvec."""
 
 from __future__ import annotations
 
@@ -110,6 +111,27 @@ def test_int8_load_layouts_give_the_same_sums(
             quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, rows_at_once=True, **layouts))
 
 
+@pytest.mark.parametrize(
+    "m,n,k,split_k,loop",
+    # Five steps (and a last one of them masked off by the split), one step, and two rows.
+    [(1, 21, 5 * 256, 1, {"flat_acc": True, "scalar_scales": True}), (1, 37, 5 * 256, 2, {"flat_acc": True}),
+     (1, 19, 256, 1, {"flat_acc": True, "x_per_row": True}), (2, 19, 3 * 256, 1, {}),
+     (3, 19, 3 * 256, 2, {"rows_at_once": True})],
+)  # fmt: skip
+def test_int8_prefetch_gives_the_same_sums(m: int, n: int, k: int, split_k: int, loop: dict[str, bool]):
+    # The next step's weights loaded before this step computes: the same products in the same order.
+    raw = random_weight(T.Q4_K, n, k, seed=n + 3 * m).to(DEVICE)
+    packed = pack_quant_weight(raw, T.Q4_K, n, k, "planar")
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    base = MatvecConfig(8, 256, split_k, int8_x=True, **loop)
+    assert_same_sums(x, packed, T.Q4_K, base, replace(base, prefetch=True))
+    # A register cap changes where values live, not what is computed.
+    assert_same_sums(x, packed, T.Q4_K, base, replace(base, prefetch=True, max_registers=96))
+    q6 = random_weight(T.Q6_K, n, 256, seed=n).to(DEVICE)
+    with pytest.raises(ValueError, match="MatvecConfig.prefetch needs Q4_K's planar layout"):
+        quant_matvec(x[:, :256], q6, T.Q6_K, n, 256, config=MatvecConfig(int8_x=True, prefetch=True))
+
+
 @pytest.mark.parametrize("m,n,k,split_k", [(1, 21, 2 * 256, 1), (1, 37, 5 * 256, 2), (3, 19, 2 * 256, 1)])
 def test_q6_k_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, split_k: int):
     # As for Q4_K above: the same loads in the products' layout; on the GPU only the final sum over a
@@ -123,6 +145,11 @@ def test_q6_k_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, spli
         ValueError, match="scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only"
     ):
         quant_matvec(x, packed, T.Q6_K, n, k, config=replace(base, int8_x=False, scalar_scales=True))
+
+
+def test_max_registers_bounds():
+    with pytest.raises(ValueError, match="MatvecConfig.max_registers must be from 24 to 255"):
+        MatvecConfig(max_registers=300)
 
 
 def test_default_tiles_of_the_q4_k_int8_matvec():

@@ -32,12 +32,16 @@ def q4_k_int8_matvec_kernel(
     FLAT_ACC: tl.constexpr = False,
     SCALAR_SCALES: tl.constexpr = False,
     X_PER_ROW: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
     (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums.
     SCALAR_SCALES: the scales loaded in the words' thread layout (`_loads`' SCALAR); the same sums.
-    X_PER_ROW (one row at a time): x's words loaded in the words' layout (`_row_part`); the same sums."""
+    X_PER_ROW (one row at a time): x's words loaded in the words' layout (`_row_part`); the same sums.
+    PREFETCH: each step's weight loads go out before the step before it computes (two steps of
+    weights in flight per thread instead of one; Triton pipelines no load of a loop without a dot):
+    the same sums."""
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
@@ -47,29 +51,54 @@ def q4_k_int8_matvec_kernel(
     await_inputs(PDL)
     acc = tl.zeros((BLOCK_N, NS), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
     strides = (stride_qs, stride_sc, stride_mn, stride_dm)
-    for s0 in range(lo, hi, NS):
-        s = s0 + js
-        sv = s < hi
+    x = (xq_ptr, xd_ptr, xs_ptr, n_sub)
+    if PREFETCH:
+        s = lo + js
         words, sc, mn, d, dmin = _loads(
-            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, SCALAR=SCALAR_SCALES
-        )  # words (BLOCK_N, NS, 4)
-        w_lo = words & 0x0F0F0F0F
-        w_hi = (words >> 4) & 0x0F0F0F0F
-        d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
-        d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
-        if FLAT_ACC:
-            acc += _row_part(
-                xq_ptr, xd_ptr, xs_ptr, 0, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM, X_PER_ROW
+            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES
+        )
+        for s0 in range(lo, hi, NS):
+            s = s0 + js
+            sn = s + NS  # the next step's loads (masked off past the end)
+            w_n, sc_n, mn_n, d_n, dmin_n = _loads(
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, SCALAR_SCALES
             )
-        elif ROWS_AT_ONCE:
-            acc += _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM)
-        else:
-            acc = _row_by_row(acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD,
-                              USE_ASM, X_PER_ROW)  # fmt: skip
+            acc = _step(acc, x, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
+                        X_PER_ROW)  # fmt: skip
+            words, sc, mn, d, dmin = w_n, sc_n, mn_n, d_n, dmin_n
+    else:
+        for s0 in range(lo, hi, NS):
+            s = s0 + js
+            sv = s < hi
+            words, sc, mn, d, dmin = _loads(
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, SCALAR=SCALAR_SCALES
+            )  # words (BLOCK_N, NS, 4)
+            acc = _step(acc, x, s, sv, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
+                        X_PER_ROW)  # fmt: skip
     acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
     )
+
+
+@triton.jit
+def _step(acc, x, s, sv, words, sc, mn, d, dmin, M: tl.constexpr, M_PAD: tl.constexpr, USE_ASM: tl.constexpr,
+          FLAT_ACC: tl.constexpr, ROWS_AT_ONCE: tl.constexpr, X_PER_ROW: tl.constexpr):  # fmt: skip
+    """acc plus one step's products of the words (BLOCK_N, NS, 4) of sub-blocks s with x, scaled;
+    x is (xq_ptr, xd_ptr, xs_ptr, n_sub)."""
+    xq_ptr, xd_ptr, xs_ptr, n_sub = x
+    w_lo = words & 0x0F0F0F0F
+    w_hi = (words >> 4) & 0x0F0F0F0F
+    d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
+    d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
+    if FLAT_ACC:
+        acc += _row_part(xq_ptr, xd_ptr, xs_ptr, 0, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM, X_PER_ROW)
+    elif ROWS_AT_ONCE:
+        acc += _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM)
+    else:
+        acc = _row_by_row(acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD,
+                          USE_ASM, X_PER_ROW)  # fmt: skip
+    return acc
 
 
 @triton.jit

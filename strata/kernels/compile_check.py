@@ -70,6 +70,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             out.append((f"Q4_K int8 {name} flat_acc scalar_scales", q4k, dict(flat, SCALAR_SCALES=True), {}))
             both = dict(flat, SCALAR_SCALES=True, X_PER_ROW=True)
             out.append((f"Q4_K int8 {name} flat_acc scalar_scales x_per_row", q4k, both, {}))
+            ahead = dict(flat, SCALAR_SCALES=True, PREFETCH=True)
+            out.append((f"Q4_K int8 {name} flat_acc scalar_scales prefetch", q4k, ahead, {}))
             # Programmatic dependent launch (strata.kernels.pdl): main() checks the PTX's wait and, at
             # PDL 2, the weight prefetches before it.
             out.append((f"Q4_K int8 {name} flat_acc pdl", q4k, dict(flat, PDL=True), {}))
@@ -116,7 +118,9 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
     consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=False, ROPE=True, ROPE_DIM=64)
     out.append(("attention split rope", _split_kernel, consts, {**pointers, **rope}))
     out.append(("attention merge", _merge_kernel, dict(heads, S_PAD=64, HAS_WINDOW=True), pointers))
-    out.append(("attention merge in chunks", _merge_kernel, dict(heads, S_PAD=256, HAS_WINDOW=True), pointers))
+    out.append(
+        ("attention merge in chunks", _merge_kernel, dict(heads, S_PAD=256, HAS_WINDOW=True), pointers)
+    )
     return out
 
 

@@ -61,7 +61,8 @@ MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 @dataclass(frozen=True)
 class MatvecConfig:
     """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k.
-    `prefetch` (Q4_K's planar kernel only) issues each step's loads one step ahead. `int8_x` (Q4_K
+    `prefetch` (Q4_K's planar kernels, fp32 and int8 x) issues each step's weight loads one step ahead
+    (the same sums; with int8 x opt-in until timed). `int8_x` (Q4_K
     planar, Q6_K, Q8_0, Q5_0) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the
     default) does so for fp16 / bf16 x of the types STRATA_INT8_X names (Q4_K planar and Q6_K unless set) and
     keeps fp32 x exact. `rows_at_once` (Q4_K's int8 kernel only) computes all M rows of a step by
@@ -77,7 +78,9 @@ class MatvecConfig:
     thread holds, instead of once and converted: the same sums (opt-in until timed). `matched_loads`
     (M = 1, the fp32-x Q8_0 and Q5_0 kernels) runs `_matvec_legacy_matched`'s loop, every load in
     one thread layout and no conversion inside it: the same products summed in another order
-    (opt-in until timed)."""
+    (opt-in until timed). `max_registers` caps the registers of a thread (Triton's `maxnreg`), so
+    that more programs fit on an SM (the 8 x 2,048 Q4_K int8 tile takes 112, four programs of four
+    warps; at 96, five, with no spills in its sm_90 build): the same sums (opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -90,6 +93,7 @@ class MatvecConfig:
     scalar_scales: bool = False
     x_per_row: bool = False
     matched_loads: bool = False
+    max_registers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -98,6 +102,15 @@ class MatvecConfig:
                 raise ValueError(f"MatvecConfig.{name} must be a power of two, got {value}")
         if self.split_k < 1:
             raise ValueError(f"MatvecConfig.split_k must be >= 1, got {self.split_k}")
+        if self.max_registers is not None and not 24 <= self.max_registers <= 255:
+            raise ValueError(
+                f"MatvecConfig.max_registers must be from 24 to 255 (a thread's), got {self.max_registers}"
+            )
+
+    def launch_options(self) -> dict[str, int]:
+        """Triton launch options beyond the constexprs: the warps, and the register cap if set."""
+        cap = {} if self.max_registers is None else {"maxnreg": self.max_registers}
+        return {"num_warps": self.num_warps, **cap}
 
 
 def auto_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int = 132) -> int:
@@ -250,8 +263,6 @@ def quant_matvec(
     int8_x = by_default if cfg.int8_x is None else cfg.int8_x
     if up is not None and not int8_x:
         x, up = gated_act(x, up, act), None
-    if int8_x and cfg.prefetch:
-        raise ValueError("MatvecConfig.prefetch is not implemented with int8_x")
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
@@ -299,7 +310,7 @@ def quant_matvec(
         kernel[grid](
             x, *dest, *tensors, n, k, x.stride(0), stride_ys, out.stride(0), *strides,
             M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, num_warps=cfg.num_warps, **extra,
+            SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, **cfg.launch_options(), **extra,
             **launch_args(x.device),
         )  # fmt: skip
     return out
@@ -411,7 +422,7 @@ def _int8_matvec(
     m, stride_ym = xq.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
     common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, num_warps=cfg.num_warps, **launch_args(xq.device),
+        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, **cfg.launch_options(), **launch_args(xq.device),
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
         USE_ASM=use_asm(xq),
     )  # fmt: skip
@@ -435,5 +446,5 @@ def _int8_matvec(
         q4_k_int8_matvec_kernel[grid](
             xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
             ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, SCALAR_SCALES=cfg.scalar_scales,
-            X_PER_ROW=cfg.x_per_row, **common,
+            X_PER_ROW=cfg.x_per_row, PREFETCH=cfg.prefetch, **common,
         )  # fmt: skip
