@@ -103,6 +103,15 @@ def rope_in_attention() -> bool:
     return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
 
 
+def concurrent_projections() -> bool:
+    """STRATA_CONCURRENT_PROJECTIONS=1 (opt-in until timed): on the GPU kernel path, a decode step's
+    projections of one input that are separate launches (parts of different quant types, e.g. the
+    7B's Q4_K q+k and Q6_K v) run on side streams, side by side (parallel branches of a captured
+    graph), instead of one after the other; each is latency-bound with less than a wave of programs.
+    The same kernels on the same inputs: the same values."""
+    return _level("STRATA_CONCURRENT_PROJECTIONS", "0", ("0", "1")) == "1"
+
+
 def decode_splits() -> tuple[int, int]:
     """STRATA_MAX_SPLITS (default 64, at most 1024) and STRATA_SPLIT_PROGRAMS (default 2): the GPU's
     paged decode attention cuts a context into at most MAX_SPLITS splits, as many as give

@@ -181,3 +181,21 @@ def test_gpu_rope_in_attention_keeps_the_tokens(monkeypatch, tmp_path: Path) -> 
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
     monkeypatch.setenv("STRATA_LIVE_SPLITS", "1")
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
+
+
+@cuda_only
+def test_gpu_concurrent_projections_keep_the_tokens(monkeypatch, tmp_path: Path) -> None:
+    # STRATA_CONCURRENT_PROJECTIONS: the 1.5B layout's Q4_K q+k and Q6_K v (separate launches) on two
+    # streams, parallel branches of the captured graphs, and eagerly; the same kernels: the same ids.
+    import strata.layers.linear as linear
+
+    path = tmp_path / "m.gguf"
+    write_layout(path, load_layout("qwen2.5-1.5b-tiny"), seed=0)
+    expected = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
+    real, calls = linear._side_by_side, []
+    monkeypatch.setattr(linear, "_side_by_side", lambda x, parts: calls.append(len(parts)) or real(x, parts))
+    monkeypatch.setenv("STRATA_CONCURRENT_PROJECTIONS", "1")
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
+    assert calls and all(n >= 2 for n in calls)
+    eager = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16, cuda_graphs=False)
+    assert eager == expected

@@ -19,6 +19,7 @@ ENV_OPTIONS = {
     "live_splits": "STRATA_LIVE_SPLITS",
     "rope_in_attention": "STRATA_ROPE_IN_ATTENTION",
     "max_splits": "STRATA_MAX_SPLITS",
+    "concurrent_projections": "STRATA_CONCURRENT_PROJECTIONS",
     "split_programs": "STRATA_SPLIT_PROGRAMS",
 }
 

@@ -316,7 +316,7 @@ def quant_matvec(
     return out
 
 
-_LOCKS: dict[torch.device, list[torch.Tensor]] = {}
+_LOCKS: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
 # quantize_x_kernel's ACT for each gated activation.
 _ACTS = {"silu": 1, "gelu_tanh": 2}
 
@@ -332,11 +332,13 @@ def _check_gated(x: torch.Tensor, up: torch.Tensor, act: str) -> None:
 
 
 def split_locks(device: torch.device, tiles: int) -> torch.Tensor:
-    """The device's split-K counters, one per row tile, all zero between launches (each launch's last
-    split resets its own). One set serves every launch: launches on a stream run one after another.
-    A call needing more tiles gets a larger set, and the smaller ones stay allocated: a CUDA graph
-    captured with one keeps its address."""
-    sets = _LOCKS.setdefault(device, [])
+    """The split-K counters of the device's current stream, one per row tile, all zero between
+    launches (each launch's last split resets its own). One set serves every launch on a stream (they
+    run one after another); launches on other streams, which may run alongside, get their own. A call
+    needing more tiles gets a larger set, and the smaller ones stay allocated: a CUDA graph captured
+    with one keeps its address."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    sets = _LOCKS.setdefault((device, stream), [])
     if not sets or sets[-1].numel() < tiles:
         sets.append(torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device))
     return sets[-1]

@@ -175,6 +175,8 @@ class Projections(nn.Module):
     On the kernel path each run of neighbours that share a quant type becomes one layer over their
     stacked rows, so one matvec launch reads them all (and a wider one keeps more SMs busy); the
     outputs are column views of its result. Parts are named by the GGUF names they hold, joined by +.
+    With STRATA_CONCURRENT_PROJECTIONS=1 the parts of a decode step on a GPU run side by side on
+    streams of their own (`_side_by_side`).
     """
 
     def __init__(self, layers: dict[str, QuantLinear], place: Placement) -> None:
@@ -192,6 +194,8 @@ class Projections(nn.Module):
             parts["+".join(run)] = group[0] if len(group) == 1 else stack_rows(group, place)
         self.parts = nn.ModuleDict(parts)
         self.sizes = [[layers[n].out_features for n in r] for r in runs]
+        self.concurrent = place.kernels and len(runs) > 1 and env.concurrent_projections()
+        self.matvec_rows = env.kernel_row_limits()[0]
 
     def int8_orders(self) -> tuple[bool, ...]:
         """The orders in which the parts' matvecs quantize 16-bit x (`quant_matvec.int8_order`)."""
@@ -207,11 +211,40 @@ class Projections(nn.Module):
         return cls({n: QuantLinear.load(gguf, f"{prefix}.{n}", place) for n in names}, place)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        parts = list(self.parts.values())
+        rows = x.numel() // max(1, x.shape[-1])
+        if self.concurrent and x.is_cuda and rows <= self.matvec_rows:
+            ys = _side_by_side(x, parts)
+        else:
+            ys = [part(x) for part in parts]
         outs: list[torch.Tensor] = []
-        for part, sizes in zip(self.parts.values(), self.sizes, strict=True):
-            y = part(x)
+        for y, sizes in zip(ys, self.sizes, strict=True):
             outs.extend(y.split(sizes, dim=-1) if len(sizes) > 1 else (y,))
         return outs
+
+
+_SIDE_STREAMS: dict[torch.device, list[torch.cuda.Stream]] = {}
+
+
+def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module]) -> list[torch.Tensor]:
+    """Each part of x on a stream of its own, the first on the current one, which then waits for the
+    others (under graph capture: parallel branches joined again). Every side stream first waits for
+    the current one, so it reads x after x is written, and whatever a side stream allocates is used
+    and freed before any later side-stream work reuses it. Split-K counters are per stream
+    (`quant_matvec.split_locks`)."""
+    main = torch.cuda.current_stream(x.device)
+    sides = _SIDE_STREAMS.setdefault(x.device, [])
+    while len(sides) < len(parts) - 1:
+        sides.append(torch.cuda.Stream(x.device))
+    ys: list[torch.Tensor] = [x] * len(parts)
+    for i, (part, side) in enumerate(zip(parts[1:], sides, strict=False), start=1):
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            ys[i] = part(x)
+    ys[0] = parts[0](x)
+    for side in sides[: len(parts) - 1]:
+        main.wait_stream(side)
+    return ys
 
 
 def _stackable(a: QuantLinear, b: QuantLinear) -> bool:

@@ -1,0 +1,45 @@
+"""STRATA_CONCURRENT_PROJECTIONS on the CPU: the setting, and the path it leaves alone there (side
+streams are a GPU's; test_model_kernel_path runs the streams on one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strata import env
+from strata.layers import linear
+
+
+def test_env(monkeypatch):
+    monkeypatch.delenv("STRATA_CONCURRENT_PROJECTIONS", raising=False)
+    assert env.concurrent_projections() is False
+    monkeypatch.setenv("STRATA_CONCURRENT_PROJECTIONS", "1")
+    assert env.concurrent_projections() is True
+    monkeypatch.setenv("STRATA_CONCURRENT_PROJECTIONS", "2")
+    with pytest.raises(ValueError, match="STRATA_CONCURRENT_PROJECTIONS='2' must be 0 or 1; unset it for 0"):
+        env.concurrent_projections()
+
+
+def test_cpu_tensors_take_the_sequential_path(monkeypatch):
+    # A Projections built to run side by side still runs its parts in order on CPU tensors.
+    class Part(torch.nn.Module):
+        def __init__(self, scale: float) -> None:
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.scale
+
+    proj = linear.Projections.__new__(linear.Projections)
+    torch.nn.Module.__init__(proj)
+    proj.parts = torch.nn.ModuleDict({"attn_q+attn_k": Part(2.0), "attn_v": Part(3.0)})
+    proj.sizes = [[2, 2], [4]]
+    proj.concurrent, proj.matvec_rows = True, 4
+
+    def never(*_):
+        raise AssertionError("side streams on CPU tensors")
+
+    monkeypatch.setattr(linear, "_side_by_side", never)
+    x = torch.arange(4.0)[None, :]
+    q, k, v = proj(x)
+    assert torch.equal(q, 2 * x[:, :2]) and torch.equal(k, 2 * x[:, 2:]) and torch.equal(v, 3 * x)
