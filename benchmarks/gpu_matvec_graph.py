@@ -226,6 +226,7 @@ def main() -> int:
     p.add_argument("--tensor-core", action="store_true", help="also time the tensor-core matmul")
     p.add_argument("--int8-only", action="store_true", help="only the int8-x configs (and the default)")
     p.add_argument("--m", type=int, default=1, help="activation rows (1 = batch-1 decode)")
+    p.add_argument("--tiles", default="", help="only matvec tiles BLOCK_NxBLOCK_K, e.g. 8x2048,8x1024")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
@@ -253,6 +254,9 @@ def main() -> int:
         # bf16 x: the planar layout's matvec runs on int8 x by default (STRATA_INT8_X), with its own tiles.
         default = default_config(qtype, args.m, n, k, planar_int8=layout == "planar")
         candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke, args.int8_only, args.m)
+        if args.tiles:
+            tiles = set(args.tiles.split(","))
+            candidates = [c for c in candidates if f"{c.block_n}x{c.block_k}" in tiles]
         results = []
         for cfg in [default, *[c for c in candidates if c != default]]:
             try:
