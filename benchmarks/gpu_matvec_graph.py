@@ -123,8 +123,10 @@ def configs(
             out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once))
             if m == 1 and ((planar and int8) or (qtype == T.Q5_0 and int8 is None)):  # and a flat accumulator
                 out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True))
-            if qtype == T.Q6_K and int8:  # and the scales loaded in the products' layout
-                out.append(MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, scalar_scales=True))
+            if qtype == T.Q6_K and int8:  # and the scales loaded in the products' layout; each prefetching
+                q6 = MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once)
+                out.append(replace(q6, scalar_scales=True))
+                out += [replace(q6, prefetch=True), replace(q6, scalar_scales=True, prefetch=True)]
             if m == 1 and planar and int8:  # and the scales (and x) loaded in the words' layout
                 flat = MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True)
                 out.append(replace(flat, scalar_scales=True))

@@ -129,7 +129,24 @@ def test_int8_prefetch_gives_the_same_sums(m: int, n: int, k: int, split_k: int,
     assert_same_sums(x, packed, T.Q4_K, base, replace(base, prefetch=True, max_registers=96))
     q6 = random_weight(T.Q6_K, n, 256, seed=n).to(DEVICE)
     with pytest.raises(ValueError, match="MatvecConfig.prefetch needs Q4_K's planar layout"):
-        quant_matvec(x[:, :256], q6, T.Q6_K, n, 256, config=MatvecConfig(int8_x=True, prefetch=True))
+        quant_matvec(x[:, :256], q6, T.Q6_K, n, 256, config=MatvecConfig(int8_x=False, prefetch=True))
+
+
+@pytest.mark.parametrize(
+    "m,n,k,block_k,split_k,scalar",
+    # Five steps of 256 (the last one's loads of the step after masked off), four of 512 split in
+    # two, one step, and three rows.
+    [(1, 21, 5 * 256, 256, 1, False), (1, 37, 8 * 256, 512, 2, True), (1, 19, 256, 256, 1, True),
+     (3, 19, 3 * 256, 256, 1, False)],
+)  # fmt: skip
+def test_q6_k_int8_prefetch_gives_the_same_sums(
+    m: int, n: int, k: int, block_k: int, split_k: int, scalar: bool
+):
+    raw = random_weight(T.Q6_K, n, k, seed=n + 5 * m).to(DEVICE)
+    packed = pack_quant_weight(raw, T.Q6_K, n, k)
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    base = MatvecConfig(16, block_k, split_k, int8_x=True, scalar_scales=scalar)
+    assert_same_sums(x, packed, T.Q6_K, base, replace(base, prefetch=True))
 
 
 @pytest.mark.parametrize("m,n,k,split_k", [(1, 21, 2 * 256, 1), (1, 37, 5 * 256, 2), (3, 19, 2 * 256, 1)])

@@ -41,6 +41,61 @@ def _group_dots(w, x, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _weights(planes, rc1, g, gv, word, SCALAR_SCALES: tl.constexpr):
+    """The quants of 128-element halves g (NH,) of rows rc1: qh and the ql words of sub-blocks 0 and 1
+    (BLOCK_N, NH, 2, 4; 2 and 3 are their high nibbles), the four sub-blocks' scales (BLOCK_N, NH, 2)
+    and d, (BLOCK_N, NH, 2) fp32 with SCALAR_SCALES (one load for each scale, in their layout), else
+    (BLOCK_N, NH, 1)."""
+    ql_ptr, qh_ptr, sc_ptr, d_ptr, stride_ql, stride_qh, stride_sc, stride_d = planes
+    rc = rc1[:, None, None, None]
+    g4 = g[None, :, None, None]
+    m4 = gv[None, :, None, None]
+    qh = tl.load(qh_ptr + rc * stride_qh + g4 * 8 + word, mask=m4, other=0)
+    ql_at = ql_ptr + rc * stride_ql + g4 * 16 + word
+    ql0 = tl.load(ql_at, mask=m4, other=0)
+    ql1 = tl.load(ql_at + 8, mask=m4, other=0)
+    if SCALAR_SCALES:  # d in the layout of the scales: one load for each of the two
+        two = tl.zeros((1, 1, 2), tl.int32)
+        d_at = d_ptr + rc1[:, None, None] * stride_d + (g // 2)[None, :, None] + two
+        d = tl.load(d_at, mask=gv[None, :, None], other=0).to(tl.float32)
+    else:
+        d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
+        d = d.to(tl.float32)[:, :, None]
+    sc_at = sc_ptr + rc1[:, None, None] * stride_sc
+    sc_off = g[None, :, None] * 8 + tl.arange(0, 2)[None, None, :]
+    if SCALAR_SCALES:
+        sc_off = tl.where(gv[None, :, None], sc_off, 0)
+    sm = gv[None, :, None]
+    sc0 = tl.load(sc_at + sc_off, mask=sm, other=0)
+    sc1 = tl.load(sc_at + sc_off + 2, mask=sm, other=0)
+    sc2 = tl.load(sc_at + sc_off + 4, mask=sm, other=0)
+    sc3 = tl.load(sc_at + sc_off + 6, mask=sm, other=0)
+    return qh, ql0, ql1, sc0, sc1, sc2, sc3, d
+
+
+@triton.jit
+def _products(acc, x, g, gv, word, qh, ql, sc, d, M: tl.constexpr, M_PAD: tl.constexpr, NH: tl.constexpr,
+              USE_ASM: tl.constexpr):  # fmt: skip
+    """acc plus the scaled dot products of one step's halves g with every row of x, sub-block by
+    sub-block; x is (xq_ptr, xd_ptr, mi, n_sub), ql (two) and sc (four) as `_weights` loads them."""
+    xq_ptr, xd_ptr, mi, n_sub = x
+    for s in tl.static_range(4):
+        # x's sub-block 4g + s for every row: (M_PAD, NH, 2, 4) words and (M_PAD, NH) scales dx.
+        ok = (mi < M)[:, None] & gv[None, :]
+        sub = (4 * g + s)[None, :]
+        xw_at = xq_ptr + (mi[:, None] * n_sub + sub)[:, :, None, None] * 8 + word
+        xw = tl.load(xw_at, mask=ok[:, :, None, None], other=0)
+        dx = tl.load(xd_ptr + mi[:, None] * n_sub + sub, mask=ok, other=0)
+        dot16 = _group_dots(_weights_minus_32(ql[s % 2], qh, s), xw, USE_ASM)  # (M_PAD, BLOCK_N, NH, 2)
+        scale = d * sc[s].to(tl.float32)  # (BLOCK_N, NH, 2): exact, as dequantize's d * sc
+        if M_PAD == 1:
+            acc += scale * dot16.to(tl.float32) * tl.reshape(dx, (NH,))[None, :, None]
+        else:
+            acc += scale[None, :, :, :] * dot16.to(tl.float32) * dx[:, None, :, None]
+    return acc
+
+
+@triton.jit
 def q6_k_int8_matvec_kernel(
     xq_ptr, xd_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
     N, K,
@@ -48,6 +103,7 @@ def q6_k_int8_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
     SCALAR_SCALES: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """ql_ptr and qh_ptr are int32 views (stride in words); every row of x at once (M_PAD of them).
@@ -56,11 +112,12 @@ def q6_k_int8_matvec_kernel(
     inside the loop (a group's four words are one thread's 16-byte load). SCALAR_SCALES: the scales'
     offsets pass through a select that hides their contiguity (and d is loaded once per scale), so
     their loads take the layout of the products: at 32 x 512 tiles this leaves out four layout
-    conversions per step (eight barriers); the same sums."""
+    conversions per step (eight barriers); the same sums. PREFETCH: each step's weight loads (ql, qh,
+    scales, d) go out before the step before it computes, two steps in flight per thread (Triton
+    pipelines no load of a loop without a dot); the same sums."""
     NH: tl.constexpr = BLOCK_K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)
-    rc = rc1[:, None, None, None]
     word = tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]  # group, word
     mi = tl.arange(0, M_PAD)
     n_sub = K // 32
@@ -72,40 +129,56 @@ def q6_k_int8_matvec_kernel(
         if M_PAD == 1
         else tl.zeros((M_PAD, BLOCK_N, NH, 2), tl.float32)
     )
-    for g0 in range(lo, hi, NH):
-        g = g0 + tl.arange(0, NH)
-        gv = g < hi
-        g4 = g[None, :, None, None]
-        m4 = gv[None, :, None, None]
-        qh = tl.load(qh_ptr + rc * stride_qh + g4 * 8 + word, mask=m4, other=0)  # (BLOCK_N, NH, 2, 4)
-        if SCALAR_SCALES:  # d in the layout of the scales below: one load for each of the two
-            two = tl.zeros((1, 1, 2), tl.int32)
-            d_at = d_ptr + rc1[:, None, None] * stride_d + (g // 2)[None, :, None] + two
-            d = tl.load(d_at, mask=gv[None, :, None], other=0).to(tl.float32)  # (BLOCK_N, NH, 2)
-        else:
-            d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
-            d = d.to(tl.float32)[:, :, None]  # (BLOCK_N, NH, 1)
-        for s in tl.static_range(4):
-            ql = tl.load(ql_ptr + rc * stride_ql + g4 * 16 + 8 * (s % 2) + word, mask=m4, other=0)
-            # x's sub-block 4g + s for every row: (M_PAD, NH, 2, 4) words and (M_PAD, NH) scales dx.
-            ok = (mi < M)[:, None] & gv[None, :]
-            sub = (4 * g + s)[None, :]
-            x = tl.load(
-                xq_ptr + (mi[:, None] * n_sub + sub)[:, :, None, None] * 8 + word,
-                mask=ok[:, :, None, None],
-                other=0,
+    planes = (ql_ptr, qh_ptr, sc_ptr, d_ptr, stride_ql, stride_qh, stride_sc, stride_d)
+    x = (xq_ptr, xd_ptr, mi, n_sub)
+    if PREFETCH:
+        g = lo + tl.arange(0, NH)
+        qh, ql0, ql1, sc0, sc1, sc2, sc3, d = _weights(planes, rc1, g, g < hi, word, SCALAR_SCALES)
+        for g0 in range(lo, hi, NH):
+            g = g0 + tl.arange(0, NH)
+            gn = g + NH  # the next step's loads (masked off past the end)
+            qh_n, ql0_n, ql1_n, sc0_n, sc1_n, sc2_n, sc3_n, d_n = _weights(
+                planes, rc1, gn, gn < hi, word, SCALAR_SCALES
             )
-            dx = tl.load(xd_ptr + mi[:, None] * n_sub + sub, mask=ok, other=0)
-            dot16 = _group_dots(_weights_minus_32(ql, qh, s), x, USE_ASM)  # (M_PAD, BLOCK_N, NH, 2)
-            sc_off = g[None, :, None] * 8 + 2 * s + tl.arange(0, 2)[None, None, :]
-            if SCALAR_SCALES:
-                sc_off = tl.where(gv[None, :, None], sc_off, 0)
-            sc = tl.load(sc_ptr + rc1[:, None, None] * stride_sc + sc_off, mask=gv[None, :, None], other=0)
-            scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2): exact, as dequantize's d * sc
-            if M_PAD == 1:
-                acc += scale * dot16.to(tl.float32) * tl.reshape(dx, (NH,))[None, :, None]
+            acc = _products(acc, x, g, g < hi, word, qh, (ql0, ql1), (sc0, sc1, sc2, sc3), d, M, M_PAD, NH,
+                            USE_ASM)  # fmt: skip
+            qh, ql0, ql1, d = qh_n, ql0_n, ql1_n, d_n
+            sc0, sc1, sc2, sc3 = sc0_n, sc1_n, sc2_n, sc3_n
+    else:
+        # The measured loop, its loads between its products (kept until the prefetching one is timed).
+        rc = rc1[:, None, None, None]
+        for g0 in range(lo, hi, NH):
+            g = g0 + tl.arange(0, NH)
+            gv = g < hi
+            g4 = g[None, :, None, None]
+            m4 = gv[None, :, None, None]
+            qh = tl.load(qh_ptr + rc * stride_qh + g4 * 8 + word, mask=m4, other=0)  # (BLOCK_N, NH, 2, 4)
+            if SCALAR_SCALES:  # d in the layout of the scales below: one load for each of the two
+                two = tl.zeros((1, 1, 2), tl.int32)
+                d_at = d_ptr + rc1[:, None, None] * stride_d + (g // 2)[None, :, None] + two
+                d = tl.load(d_at, mask=gv[None, :, None], other=0).to(tl.float32)  # (BLOCK_N, NH, 2)
             else:
-                acc += scale[None, :, :, :] * dot16.to(tl.float32) * dx[:, None, :, None]
+                d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
+                d = d.to(tl.float32)[:, :, None]  # (BLOCK_N, NH, 1)
+            for s in tl.static_range(4):
+                ql = tl.load(ql_ptr + rc * stride_ql + g4 * 16 + 8 * (s % 2) + word, mask=m4, other=0)
+                # x's sub-block 4g + s for every row: (M_PAD, NH, 2, 4) words and (M_PAD, NH) scales dx.
+                ok = (mi < M)[:, None] & gv[None, :]
+                sub = (4 * g + s)[None, :]
+                x_at = xq_ptr + (mi[:, None] * n_sub + sub)[:, :, None, None] * 8 + word
+                xw = tl.load(x_at, mask=ok[:, :, None, None], other=0)
+                dx = tl.load(xd_ptr + mi[:, None] * n_sub + sub, mask=ok, other=0)
+                dot16 = _group_dots(_weights_minus_32(ql, qh, s), xw, USE_ASM)  # (M_PAD, BLOCK_N, NH, 2)
+                sc_off = g[None, :, None] * 8 + 2 * s + tl.arange(0, 2)[None, None, :]
+                if SCALAR_SCALES:
+                    sc_off = tl.where(gv[None, :, None], sc_off, 0)
+                sc_at = sc_ptr + rc1[:, None, None] * stride_sc + sc_off
+                sc = tl.load(sc_at, mask=gv[None, :, None], other=0)
+                scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2): exact, as dequantize's d * sc
+                if M_PAD == 1:
+                    acc += scale * dot16.to(tl.float32) * tl.reshape(dx, (NH,))[None, :, None]
+                else:
+                    acc += scale[None, :, :, :] * dot16.to(tl.float32) * dx[:, None, :, None]
     acc = tl.sum(tl.sum(acc, 2), 1)[None, :] if M_PAD == 1 else tl.sum(tl.sum(acc, 3), 2)
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K

@@ -59,6 +59,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         out.append((f"Q6_K int8 {name}", q6_k_int8_matvec_kernel, int8, {"sc_ptr": "*i8"}))
         q6_scalar = dict(int8, SCALAR_SCALES=True)
         out.append((f"Q6_K int8 {name} scalar_scales", q6_k_int8_matvec_kernel, q6_scalar, {"sc_ptr": "*i8"}))
+        q6_ahead = dict(int8, PREFETCH=True)
+        out.append((f"Q6_K int8 {name} prefetch", q6_k_int8_matvec_kernel, q6_ahead, {"sc_ptr": "*i8"}))
         q4k = q4_k_int8_matvec_kernel
         for at_once in (False, True):
             out.append(

@@ -61,8 +61,8 @@ MATVEC_TYPES: frozenset[GGMLQuantizationType] = frozenset(_KERNELS)
 @dataclass(frozen=True)
 class MatvecConfig:
     """Tile of one program: BLOCK_N output rows, BLOCK_K elements of K per loop step, K split in split_k.
-    `prefetch` (Q4_K's planar kernels, fp32 and int8 x) issues each step's weight loads one step ahead
-    (the same sums; with int8 x opt-in until timed). `int8_x` (Q4_K
+    `prefetch` (Q4_K's planar kernels, fp32 and int8 x, and Q6_K's int8 one) issues each step's weight
+    loads one step ahead (the same sums; with int8 x opt-in until timed). `int8_x` (Q4_K
     planar, Q6_K, Q8_0, Q5_0) quantizes x to int8 per 32 elements and multiplies with dp4a; None (the
     default) does so for fp16 / bf16 x of the types STRATA_INT8_X names (Q4_K planar and Q6_K unless set) and
     keeps fp32 x exact. `rows_at_once` (Q4_K's int8 kernel only) computes all M rows of a step by
@@ -250,17 +250,17 @@ def quant_matvec(
     kernel, unit = _Q4_K_PLANAR if planar else _KERNELS[qtype]
     if cfg.block_k % unit:
         raise ValueError(f"{qtype.name} needs block_k to be a multiple of {unit}, got {cfg.block_k}")
-    if cfg.prefetch and not planar:
-        raise ValueError(
-            f"MatvecConfig.prefetch needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar), "
-            f"not {qtype.name} ({packed.layout})"
-        )
     if cfg.int8_x and not (planar or qtype in _INT8_TYPES):
         raise ValueError(
             f"MatvecConfig.int8_x needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar), Q6_K, Q8_0 or "
             f"Q5_0, not {qtype.name} ({packed.layout})"
         )
     int8_x = by_default if cfg.int8_x is None else cfg.int8_x
+    if cfg.prefetch and not (planar or (int8_x and qtype == _T.Q6_K)):
+        raise ValueError(
+            f"MatvecConfig.prefetch needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar) or Q6_K with "
+            f"int8_x, not {qtype.name} ({packed.layout}) with int8_x={int8_x}"
+        )
     if up is not None and not int8_x:
         x, up = gated_act(x, up, act), None
     if cfg.rows_at_once and not (int8_x and planar):
@@ -434,7 +434,8 @@ def _int8_matvec(
         ql, qh = ql.view(torch.int32), qh.view(torch.int32)
         q6_k_int8_matvec_kernel[grid](
             xq, xd, *dest, ql, qh, sc, d, n, k, stride_ys, stride_ym,
-            ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), SCALAR_SCALES=cfg.scalar_scales, **common,
+            ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), SCALAR_SCALES=cfg.scalar_scales,
+            PREFETCH=cfg.prefetch, **common,
         )  # fmt: skip
     elif qtype in (_T.Q8_0, _T.Q5_0):
         qs, *rest = planes
