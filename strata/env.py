@@ -103,6 +103,16 @@ def rope_in_attention() -> bool:
     return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
 
 
+def dense_copy() -> bool:
+    """STRATA_DENSE_COPY=1 (opt-in until timed): on the GPU kernel path each quantized weight of fewer
+    than 16,384 outputs (the 7B's q, k, v, o and down; not gate+up or the output head) also keeps a
+    dequantized copy in the compute dtype, which batches of STRATA_DENSE_ROWS rows or more multiply
+    with cuBLAS directly instead of dequantizing the weight on every call: the same values, more
+    memory (the 7B: about 5.4 GB in bf16) for less traffic per batched step (2 bytes a weight read
+    instead of about 4.6 read and written)."""
+    return _level("STRATA_DENSE_COPY", "0", ("0", "1")) == "1"
+
+
 def concurrent_projections() -> bool:
     """STRATA_CONCURRENT_PROJECTIONS=1 (opt-in until timed): on the GPU kernel path, a decode step's
     projections of one input that are separate launches (parts of different quant types, e.g. the

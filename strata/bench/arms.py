@@ -20,6 +20,7 @@ ENV_OPTIONS = {
     "rope_in_attention": "STRATA_ROPE_IN_ATTENTION",
     "max_splits": "STRATA_MAX_SPLITS",
     "concurrent_projections": "STRATA_CONCURRENT_PROJECTIONS",
+    "dense_copy": "STRATA_DENSE_COPY",
     "split_programs": "STRATA_SPLIT_PROGRAMS",
 }
 

@@ -35,7 +35,8 @@ class QuantLinear(nn.Module):
     into aligned planes, the same bytes): up to `matvec_rows` rows go through the fused dequant
     matvec, more through the fused dequant matmul, and from `dense_rows` rows on the weight is
     dequantized on the fly for cuBLAS (both from `strata.env.kernel_row_limits`: 4 and 64 by default;
-    a wide weight, `WIDE_ROWS` outputs or more, keeps the matmul at 64 rows too).
+    a wide weight, `WIDE_ROWS` outputs or more, keeps the matmul at 64 rows too), or, with
+    STRATA_DENSE_COPY=1 and fewer outputs, read from a copy dequantized once at build time.
     Types without a fused kernel keep a dense weight.
 
     Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
@@ -79,6 +80,12 @@ class QuantLinear(nn.Module):
             # A wide weight takes the fused matmul at DENSE_ROWS rows too (H200, 7B, 64 rows: gate+up
             # 1.67x, the output head 1.32x faster than dequantize + cuBLAS; 128 rows 0.93x, 0.85x).
             self.dense_rows += 1
+        # STRATA_DENSE_COPY: the weight dequantized once, for the batches that would dequantize it per call.
+        self.dense: torch.Tensor | None = None
+        if self.packed is not None and self.out_features < WIDE_ROWS and env.dense_copy():
+            from strata.kernels.dequant_packed import dequantize_packed
+
+            self.dense = dequantize_packed(self.packed, place.dtype)
 
     @classmethod
     def load(cls, gguf: GGUFFile, name: str, place: Placement) -> QuantLinear:
@@ -133,6 +140,8 @@ class QuantLinear(nn.Module):
             y = quant_matmul(flat, self.packed)
             if self.bias is not None:
                 y = y + self.bias
+        elif self.dense is not None and self.dense.dtype == flat.dtype:
+            y = F.linear(flat, self.dense, self.bias)
         else:
             from strata.kernels.dequant_packed import dequantize_packed
 

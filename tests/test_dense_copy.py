@@ -1,0 +1,65 @@
+"""STRATA_DENSE_COPY: batches of DENSE_ROWS rows or more multiply a weight dequantized once at build
+time instead of per call; the same values, so the same outputs bit for bit."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before any kernel module is imported (see test_kernels_quant_matvec)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from gguf.constants import GGMLQuantizationType  # noqa: E402
+
+import strata.kernels.dequant_packed as dequant_packed  # noqa: E402
+from strata import env  # noqa: E402
+from strata.layers.linear import WIDE_ROWS, QuantLinear  # noqa: E402
+from strata.layers.placement import Placement  # noqa: E402
+from tests.test_kernels_quant_matvec import random_weight  # noqa: E402
+
+T = GGMLQuantizationType
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_env(monkeypatch):
+    monkeypatch.delenv("STRATA_DENSE_COPY", raising=False)
+    assert env.dense_copy() is False
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    assert env.dense_copy() is True
+    monkeypatch.setenv("STRATA_DENSE_COPY", "yes")
+    with pytest.raises(ValueError, match="STRATA_DENSE_COPY='yes' must be 0 or 1; unset it for 0"):
+        env.dense_copy()
+
+
+@pytest.mark.parametrize("qtype,k", [(T.Q8_0, 64), (T.Q4_K, 256)], ids=["Q8_0", "Q4_K"])
+def test_batches_read_the_copy_with_the_same_results(monkeypatch, qtype: GGMLQuantizationType, k: int):
+    n = 40
+    raw = random_weight(qtype, n, k, seed=k).to(DEVICE)
+    place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
+    bias = torch.randn(n)
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).to(DEVICE)
+    monkeypatch.setenv("STRATA_DENSE_COPY", "0")
+    plain = QuantLinear(raw, qtype, (n, k), place, bias)
+    assert plain.dense is None
+    expected = plain(x)
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    layer = QuantLinear(raw, qtype, (n, k), place, bias)
+    assert layer.dense is not None and layer.dense.dtype == torch.bfloat16
+
+    def never(*args, **kwargs):
+        raise AssertionError("dequantized per call")
+
+    monkeypatch.setattr(dequant_packed, "dequantize_packed", never)
+    assert layer.dense_rows == x.shape[0]  # the dense path's first batch size
+    assert torch.equal(layer(x), expected)
+
+
+def test_wide_weights_keep_no_copy(monkeypatch):
+    # gate+up and the output head keep the fused matmul at 64 rows; a copy of them would be large.
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    n, k = WIDE_ROWS, 32
+    raw = random_weight(T.Q8_0, n, k, seed=3).to(DEVICE)
+    layer = QuantLinear(raw, T.Q8_0, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True))
+    assert layer.dense is None
