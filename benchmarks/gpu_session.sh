@@ -8,8 +8,8 @@
 #      b1, decode of 8 sequences, prefill 2,048, (asked for) 64 sequences (LAYOUT_AB=1 adds it; about 3 minutes)
 #   4c. int8 x for Q6_K, Q8_0, Q5_0 end to end: `bench ab strata strata:int8_x=...`, decode b1 on
 #      the 7B (Q4_K+Q6_K) and the 0.5B (all four types) (INT8_AB=1 adds it; about 2 minutes)
-#   4d. any `strata bench ab` pairs: AB_CASES="name:args;name:args" (MODEL7 and MODEL05 in the args
-#      stand for the synthetic 7B and 0.5B files; a strata@REV arm needs this tree's .git: `carry` refuses
+#   4d. any `strata bench ab` pairs: AB_CASES="name:args;name:args" (MODEL7, MODEL15 and MODEL05 in the
+#      args stand for the synthetic 7B, 1.5B and 0.5B files; a strata@REV arm needs this tree's .git: `carry` refuses
 #      .git, so copy it here as .gitcopy, carry that, and start the command with `rm -rf .git && mv
 #      .gitcopy .git` (the machine has a .git of another commit; never `git checkout` there)
 #   4e. Nsight Compute on single kernels: NCU_CASES="ncu_matvec.py args;..." (NCU_SECTIONS, ncu's
@@ -37,7 +37,7 @@ fi
 tests="tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tests/test_kernels_fused.py
     tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill_attention.py
     tests/test_kernels_dequant_packed.py tests/test_model_kernel_path.py tests/test_act_in_quant.py
-    tests/test_quant_in_norm.py tests/test_kernels_matvec_variants.py tests/test_live_splits.py
+    tests/test_quant_in_norm.py tests/test_kernels_matvec_variants.py tests/test_decode_settings.py
     tests/test_rope_in_attention.py"
 if [ -z "${SKIP_TESTS:-}" ]; then
     timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q --noconftest -p no:cacheprovider $tests ${PYTEST_K:+-k "$PYTEST_K"} \
@@ -77,9 +77,12 @@ fi
 if [ -n "${AB_CASES:-}" ]; then
     [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] || python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
     [ -d .git ] && echo "git: $(git log -1 --format=%h)" || echo "no .git here: strata@REV arms will fail"
+    [[ "$AB_CASES" != *MODEL15* ]] || [ -f /tmp/strata-synth/qwen2.5-1.5b.gguf ] ||
+        python3 -m strata.cli synth qwen2.5-1.5b /tmp/strata-synth/qwen2.5-1.5b.gguf >/dev/null
     IFS=';' read -ra cases <<<"$AB_CASES"
     for case in "${cases[@]}"; do
         args=${case#*:}; args=${args//MODEL7//tmp/strata-synth/qwen2.5-7b.gguf}; args=${args//MODEL05/$model}
+        args=${args//MODEL15//tmp/strata-synth/qwen2.5-1.5b.gguf}
         echo "== ${case%%:*}: bench ab $args"
         timeout 200 python3 -m strata.cli bench ab $args --device cuda --out /tmp/ab_case 2>&1 | grep -E "tok_s|gate|rror"
         cp /tmp/ab_case/summary.json "$OUT/ab_${case%%:*}.json" 2>/dev/null

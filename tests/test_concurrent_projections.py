@@ -1,23 +1,11 @@
-"""STRATA_CONCURRENT_PROJECTIONS on the CPU: the setting, and the path it leaves alone there (side
-streams are a GPU's; test_model_kernel_path runs the streams on one)."""
+"""STRATA_CONCURRENT_PROJECTIONS on the CPU: the path it leaves alone there (side streams are a GPU's;
+test_model_kernel_path runs the streams on one; the setting itself is in test_env_switches)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from strata import env
 from strata.layers import linear
-
-
-def test_env(monkeypatch):
-    monkeypatch.delenv("STRATA_CONCURRENT_PROJECTIONS", raising=False)
-    assert env.concurrent_projections() is False
-    monkeypatch.setenv("STRATA_CONCURRENT_PROJECTIONS", "1")
-    assert env.concurrent_projections() is True
-    monkeypatch.setenv("STRATA_CONCURRENT_PROJECTIONS", "2")
-    with pytest.raises(ValueError, match="STRATA_CONCURRENT_PROJECTIONS='2' must be 0 or 1; unset it for 0"):
-        env.concurrent_projections()
 
 
 def test_cpu_tensors_take_the_sequential_path(monkeypatch):

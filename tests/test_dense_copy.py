@@ -14,23 +14,12 @@ import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 import strata.kernels.dequant_packed as dequant_packed  # noqa: E402
-from strata import env  # noqa: E402
 from strata.layers.linear import WIDE_ROWS, QuantLinear  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
 from tests.test_kernels_quant_matvec import random_weight  # noqa: E402
 
 T = GGMLQuantizationType
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def test_env(monkeypatch):
-    monkeypatch.delenv("STRATA_DENSE_COPY", raising=False)
-    assert env.dense_copy() is False
-    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
-    assert env.dense_copy() is True
-    monkeypatch.setenv("STRATA_DENSE_COPY", "yes")
-    with pytest.raises(ValueError, match="STRATA_DENSE_COPY='yes' must be 0 or 1; unset it for 0"):
-        env.dense_copy()
 
 
 @pytest.mark.parametrize("qtype,k", [(T.Q8_0, 64), (T.Q4_K, 256)], ids=["Q8_0", "Q4_K"])

@@ -14,7 +14,6 @@ import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
-from strata import env  # noqa: E402
 from strata.kernels.rms_norm import rms_norm  # noqa: E402
 from strata.kernels.rms_norm_int8 import rms_norm_int8  # noqa: E402
 
@@ -67,37 +66,3 @@ def test_attached_quantization_is_voided_by_a_change():
     with torch.inference_mode():  # no version counter: held by the tensor object alone
         y = quant_matvec.attach_int8(torch.randn(1, 64), found)
         assert quant_matvec.attached_int8(y) is found and quant_matvec.attached_int8(y[:, :32]) is None
-
-
-def test_env(monkeypatch):
-    monkeypatch.delenv("STRATA_QUANT_IN_NORM", raising=False)
-    assert env.quant_in_norm() is True
-    monkeypatch.setenv("STRATA_QUANT_IN_NORM", "0")
-    assert env.quant_in_norm() is False
-    monkeypatch.setenv("STRATA_QUANT_IN_NORM", "yes")
-    with pytest.raises(ValueError, match="STRATA_QUANT_IN_NORM='yes' must be 0 or 1; unset it for 1"):
-        env.quant_in_norm()
-
-
-def test_whole_model_tokens_unchanged_with_fewer_launches(monkeypatch, tmp_path):
-    # bf16 on the kernel path, Q8_0 weights on int8 x (gguf writes no K-quants), llama blocks.
-    from strata.gguf.synth import SynthSpec, write_synthetic
-    from tests.synthetic_decode import greedy_kernel_path
-
-    spec = SynthSpec(
-        "llama", hidden_size=256, ffn_size=512, num_heads=4, num_kv_heads=2, head_dim=64, weight_type=T.Q8_0
-    )
-    path = write_synthetic(tmp_path / "m.gguf", spec)
-    monkeypatch.setenv("STRATA_TRITON_ON_CPU", "1")
-    monkeypatch.setenv("STRATA_INT8_X", "Q8_0")
-    real, calls = quant_matvec.quantize_x, []
-    monkeypatch.setattr(quant_matvec, "quantize_x", lambda *a, **k: calls.append(1) or real(*a, **k))
-
-    def greedy(in_norm: str) -> list[int]:
-        monkeypatch.setenv("STRATA_QUANT_IN_NORM", in_norm)
-        calls.clear()
-        return greedy_kernel_path(path, DEVICE)
-
-    fused_ids, fused_calls = greedy("1"), len(calls)
-    assert fused_ids == greedy("0")
-    assert fused_calls < len(calls)  # the decode steps' q/k/v and gate/up inputs came quantized

@@ -16,10 +16,7 @@ if not torch.cuda.is_available():  # before any kernel module is imported (see t
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
-import strata.kernels.paged_attention as paged_attention  # noqa: E402
-from strata import env  # noqa: E402
 from strata.kernels.paged_attention import paged_decode_attention  # noqa: E402
 from strata.kernels.rotary_kv import NewKV, rotary_kv_write  # noqa: E402
 from strata.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -150,41 +147,3 @@ def test_rejects_mismatched_inputs():
         strided = torch.zeros(2, 2, 32, device=DEVICE)[:, :, ::2]
         bad = NewKV(strided, k, ints, ints, inv, 16, "neox")
         paged_decode_attention(q, cache, cache, tables, lens.to(DEVICE), new_kv=bad, **kwargs)
-
-
-def test_env(monkeypatch):
-    monkeypatch.delenv("STRATA_ROPE_IN_ATTENTION", raising=False)
-    assert env.rope_in_attention() is False
-    monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "1")
-    assert env.rope_in_attention() is True
-    monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "yes")
-    with pytest.raises(ValueError, match="STRATA_ROPE_IN_ATTENTION='yes' must be 0 or 1; unset it for 0"):
-        env.rope_in_attention()
-
-
-def test_whole_model_tokens_unchanged(monkeypatch, tmp_path):
-    # The decode steps take the fused path (the spy sees new_kv), prefill keeps rotary_kv_write; the
-    # greedy ids are those of the default path.
-    from strata.gguf.synth import SynthSpec, write_synthetic
-    from tests.synthetic_decode import greedy_kernel_path
-
-    spec = SynthSpec(
-        "llama", hidden_size=256, ffn_size=512, num_heads=4, num_kv_heads=2, head_dim=64,
-        weight_type=T.Q8_0, context_length=2048,
-    )  # fmt: skip
-    path = write_synthetic(tmp_path / "m.gguf", spec)
-    monkeypatch.setenv("STRATA_TRITON_ON_CPU", "1")
-    real, fused = paged_attention.paged_decode_attention, []
-
-    def spy(*args, **kwargs):
-        fused.append(kwargs.get("new_kv") is not None)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(paged_attention, "paged_decode_attention", spy)
-    monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "0")
-    default = greedy_kernel_path(path, DEVICE)
-    assert fused and not any(fused)
-    fused.clear()
-    monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "1")
-    assert greedy_kernel_path(path, DEVICE) == default
-    assert fused and all(fused)

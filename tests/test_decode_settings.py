@@ -1,0 +1,117 @@
+"""Decode-path settings that must not change a token, each run against one run of the defaults on the
+same synthetic model (kernel path, bf16, llama blocks; Q8_0 weights on int8 x, as gguf writes no
+K-quants), made once for the module: an interpreted run takes about 14 s.
+
+- STRATA_QUANT_IN_NORM=0: the int8 matvecs quantize x in launches of their own (default: the norms do)
+- STRATA_ACT_IN_QUANT=0: the gated activation launched on its own (default: inside x's quantization)
+- STRATA_LIVE_SPLITS=1: decode attention runs only the splits each context fills
+- STRATA_ROPE_IN_ATTENTION=1: decode attention rotates q and writes the new K/V itself
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if not torch.cuda.is_available():  # before any kernel module is imported (see test_kernels_quant_matvec)
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+from gguf.constants import GGMLQuantizationType as T  # noqa: E402
+
+import strata.kernels.paged_attention as paged_attention  # noqa: E402
+import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
+import strata.layers.linear as linear  # noqa: E402
+from strata.gguf.synth import SynthSpec, write_synthetic  # noqa: E402
+from tests.synthetic_decode import greedy_kernel_path  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class Run:
+    ids: list[int]
+    quantize_x: int = 0  # quantize_x launches
+    gated: int = 0  # gated activations launched on their own
+    attention: list[dict[str, Any]] = field(default_factory=list)  # each paged_decode_attention's kwargs
+
+
+def decode(path: Path, **settings: str) -> Run:
+    """Greedy ids with the STRATA_* `settings` (names without the prefix), counting the launches the
+    settings leave out."""
+    run = Run([])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STRATA_TRITON_ON_CPU", "1")
+        mp.setenv("STRATA_INT8_X", "Q8_0")
+        for name, value in settings.items():
+            mp.setenv(f"STRATA_{name}", value)
+        quantize, gated = quant_matvec.quantize_x, linear.gated
+        attend = paged_attention.paged_decode_attention
+
+        def count_quantize(*args, **kwargs):
+            run.quantize_x += 1
+            return quantize(*args, **kwargs)
+
+        def count_gated(*args):
+            run.gated += 1
+            return gated(*args)
+
+        def record_attention(*args, **kwargs):
+            run.attention.append(kwargs)
+            return attend(*args, **kwargs)
+
+        mp.setattr(quant_matvec, "quantize_x", count_quantize)
+        mp.setattr(linear, "gated", count_gated)
+        mp.setattr(paged_attention, "paged_decode_attention", record_attention)
+        run.ids = greedy_kernel_path(path, DEVICE)
+    return run
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    spec = SynthSpec(
+        "llama", hidden_size=256, ffn_size=512, num_heads=4, num_kv_heads=2, head_dim=64, weight_type=T.Q8_0,
+        context_length=2048,
+    )  # fmt: skip
+    return write_synthetic(tmp_path_factory.mktemp("decode_settings") / "m.gguf", spec)
+
+
+@pytest.fixture(scope="module")
+def defaults(model: Path) -> Run:
+    return decode(model)
+
+
+def test_quantization_in_the_norm(model: Path, defaults: Run):
+    separate = decode(model, QUANT_IN_NORM="0")
+    assert separate.ids == defaults.ids
+    assert defaults.quantize_x < separate.quantize_x  # decode's q/k/v and gate/up inputs came quantized
+
+
+def test_activation_in_the_quantization(model: Path, defaults: Run):
+    separate = decode(model, ACT_IN_QUANT="0")
+    assert separate.ids == defaults.ids
+    assert defaults.gated < separate.gated  # decode's activations went into the quantization
+
+
+def test_live_splits(model: Path, defaults: Run):
+    # Short contexts under a split count made for the model's context length (2,048): with live
+    # splits each takes one split, written by the split kernel (the merge skipped), the same bits as
+    # the merge of one filled split and empty ones.
+    live = decode(model, LIVE_SPLITS="1")
+    assert live.ids == defaults.ids
+    assert defaults.attention and all(kw["min_split_len"] == 1 for kw in defaults.attention)
+    least = paged_attention.MIN_SPLIT_LEN
+    assert live.attention and all(kw["min_split_len"] == least for kw in live.attention)
+    assert paged_attention.choose_num_splits(1, 2, live.attention[0]["max_context_len"]) > 1
+
+
+def test_rope_in_attention(model: Path, defaults: Run):
+    # Decode steps take the fused path (the attention gets new_kv); prefill keeps rotary_kv_write.
+    fused = decode(model, ROPE_IN_ATTENTION="1")
+    assert fused.ids == defaults.ids
+    assert defaults.attention and all(kw.get("new_kv") is None for kw in defaults.attention)
+    assert fused.attention and all(kw.get("new_kv") is not None for kw in fused.attention)
