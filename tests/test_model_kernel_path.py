@@ -159,28 +159,37 @@ def test_gpu_live_splits_match_cpu_reference(monkeypatch, tmp_path: Path) -> Non
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64) == ref
 
 
+def tiny(tmp_path: Path, layout: str) -> Path:
+    path = tmp_path / "m.gguf"
+    write_layout(path, load_layout(layout), seed=0)
+    return path
+
+
+def bf16_ids(path: Path, **engine: object) -> list[list[int]]:
+    """64 greedy tokens on the GPU in bf16 (where the int8 matvecs run for Q4_K and Q6_K)."""
+    return greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16, **engine)
+
+
 @cuda_only
 def test_gpu_quantization_in_the_norm_keeps_the_tokens(monkeypatch, tmp_path: Path) -> None:
-    # bf16 (int8 matvecs for Q4_K and Q6_K), graphs: the norms' int8 outputs are quantize_x's, bit for bit.
-    path = tmp_path / "m.gguf"
-    write_layout(path, load_layout("qwen2.5-1.5b-tiny"), seed=0)
+    # Graphs: the norms' int8 outputs are quantize_x's, bit for bit.
+    path = tiny(tmp_path, "qwen2.5-1.5b-tiny")
     monkeypatch.setenv("STRATA_QUANT_IN_NORM", "0")
-    expected = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
+    expected = bf16_ids(path)
     monkeypatch.delenv("STRATA_QUANT_IN_NORM")  # the default: quantized in the norm
-    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
+    assert bf16_ids(path) == expected
 
 
 @cuda_only
 def test_gpu_rope_in_attention_keeps_the_tokens(monkeypatch, tmp_path: Path) -> None:
     # STRATA_ROPE_IN_ATTENTION under captured graphs with PDL, with and without live splits (bf16: the
     # new K rounded to the cache's dtype in the attention kernel): the ids of the rotary kernel's path.
-    path = tmp_path / "m.gguf"
-    write_layout(path, load_layout("qwen2.5-0.5b-tiny"), seed=0)
-    expected = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
+    path = tiny(tmp_path, "qwen2.5-0.5b-tiny")
+    expected = bf16_ids(path)
     monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "1")
-    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
+    assert bf16_ids(path) == expected
     monkeypatch.setenv("STRATA_LIVE_SPLITS", "1")
-    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
+    assert bf16_ids(path) == expected
 
 
 @cuda_only
@@ -189,13 +198,11 @@ def test_gpu_concurrent_projections_keep_the_tokens(monkeypatch, tmp_path: Path)
     # streams, parallel branches of the captured graphs, and eagerly; the same kernels: the same ids.
     import strata.layers.linear as linear
 
-    path = tmp_path / "m.gguf"
-    write_layout(path, load_layout("qwen2.5-1.5b-tiny"), seed=0)
-    expected = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16)
+    path = tiny(tmp_path, "qwen2.5-1.5b-tiny")
+    expected = bf16_ids(path)
     real, calls = linear._side_by_side, []
     monkeypatch.setattr(linear, "_side_by_side", lambda x, parts: calls.append(len(parts)) or real(x, parts))
     monkeypatch.setenv("STRATA_CONCURRENT_PROJECTIONS", "1")
-    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16) == expected
+    assert bf16_ids(path) == expected
     assert calls and all(n >= 2 for n in calls)
-    eager = greedy_ids(path, "cuda", kernels=True, num_tokens=64, dtype=torch.bfloat16, cuda_graphs=False)
-    assert eager == expected
+    assert bf16_ids(path, cuda_graphs=False) == expected
