@@ -122,6 +122,20 @@ def concurrent_projections() -> bool:
     return _level("STRATA_CONCURRENT_PROJECTIONS", "0", ("0", "1")) == "1"
 
 
+def short_graphs() -> int:
+    """STRATA_SHORT_GRAPHS (positions; default 0, off, until timed): decode steps whose contexts all fit
+    in that many positions run graphs captured for that bound (a second set, one per batch size), whose
+    attention takes one split per KV head and launches no merge; longer ones the graphs for the pool's
+    whole length. Eager decode steps split by the same bound. 256 is the split length of
+    STRATA_LIVE_SPLITS, under which the two sets give the same bits."""
+    value = os.environ.get("STRATA_SHORT_GRAPHS", "") or "0"
+    if not value.isdigit():
+        raise ValueError(
+            f"STRATA_SHORT_GRAPHS={value!r} is not a number of positions; set e.g. 256, or unset it for none"
+        )
+    return int(value)
+
+
 def decode_splits() -> tuple[int, int]:
     """STRATA_MAX_SPLITS (default 64, at most 1024) and STRATA_SPLIT_PROGRAMS (default 2): the GPU's
     paged decode attention cuts a context into at most MAX_SPLITS splits, as many as give

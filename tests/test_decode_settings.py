@@ -6,6 +6,7 @@ K-quants), made once for the module: an interpreted run takes about 14 s.
 - STRATA_ACT_IN_QUANT=0: the gated activation launched on its own (default: inside x's quantization)
 - STRATA_LIVE_SPLITS=1: decode attention runs only the splits each context fills
 - STRATA_ROPE_IN_ATTENTION=1: decode attention rotates q and writes the new K/V itself
+- STRATA_SHORT_GRAPHS=256: short contexts split by a bound of 256 positions
 """
 
 from __future__ import annotations
@@ -115,3 +116,12 @@ def test_rope_in_attention(model: Path, defaults: Run):
     assert fused.ids == defaults.ids
     assert defaults.attention and all(kw.get("new_kv") is None for kw in defaults.attention)
     assert fused.attention and all(kw.get("new_kv") is not None for kw in fused.attention)
+
+
+def test_short_context_bound(model: Path, defaults: Run):
+    # STRATA_SHORT_GRAPHS=256: these short contexts are split by a bound of 256 positions (one split,
+    # no merge) instead of the model's 2,048 (here one filled split of eight): the same bits.
+    short = decode(model, SHORT_GRAPHS="256")
+    assert short.ids == defaults.ids
+    assert {kw["max_context_len"] for kw in defaults.attention} == {2048}
+    assert {kw["max_context_len"] for kw in short.attention} == {256}

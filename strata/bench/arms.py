@@ -21,6 +21,7 @@ ENV_OPTIONS = {
     "max_splits": "STRATA_MAX_SPLITS",
     "concurrent_projections": "STRATA_CONCURRENT_PROJECTIONS",
     "dense_copy": "STRATA_DENSE_COPY",
+    "short_graphs": "STRATA_SHORT_GRAPHS",
     "split_programs": "STRATA_SPLIT_PROGRAMS",
 }
 

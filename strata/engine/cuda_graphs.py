@@ -1,4 +1,5 @@
-"""The decode step captured as CUDA graphs, one per batch size, replayed with each step's inputs.
+"""The decode step captured as CUDA graphs, one per batch size (and, with STRATA_SHORT_GRAPHS, a
+second set for short contexts), replayed with each step's inputs.
 
 A decode step of a small model is hundreds of short kernels; launched one by one from Python, the
 launches cost more than the kernels. A captured graph replays them all with one call. Its tensors
@@ -14,10 +15,18 @@ from collections.abc import Sequence
 
 import torch
 
+from strata import env
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
 from strata.models.base import DecoderModel
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+
+def context_bound(max_context: int, max_positions: int, short: int) -> int:
+    """The bound that decode attention splits a step's contexts by (`PagedDecode.max_context_len`):
+    `short` where every context fits in it and it is below a sequence's most positions
+    (STRATA_SHORT_GRAPHS), else those, so that a step splits alike with or without a captured graph."""
+    return short if 0 < short < max_positions and max_context <= short else max_positions
 
 
 class DecodeGraphs:
@@ -43,30 +52,28 @@ class DecodeGraphs:
         self.slots = torch.full((n,), scratch_block * block_size, dtype=torch.long, device=device)
         self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.max_positions, self.short = max_blocks * block_size, env.short_graphs()
+        bounds = {self.max_positions, context_bound(0, self.max_positions, self.short)}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         pool = torch.cuda.graph_pool_handle()
         # Largest first, so the smaller graphs fit in the memory the largest one reserved.
         for size in reversed(self.sizes):
-            self.graphs[size] = self._capture(model, kv, size, pool)
+            for bound in sorted(bounds, reverse=True):
+                self.graphs[size, bound] = self._capture(model, kv, size, bound, pool)
 
     @property
     def max_batch(self) -> int:
         return self.sizes[-1]
 
-    def _metadata(self, size: int) -> AttentionMetadata:
-        paged = PagedDecode(
-            self.block_tables[:size],
-            self.context_lens[:size],
-            self.block_size,
-            self.max_blocks * self.block_size,
-        )
+    def _metadata(self, size: int, bound: int) -> AttentionMetadata:
+        paged = PagedDecode(self.block_tables[:size], self.context_lens[:size], self.block_size, bound)
         return AttentionMetadata(self.positions[:size], self.slots[:size], (1,) * size, (), paged=paged)
 
     @torch.inference_mode()
     def _capture(
-        self, model: DecoderModel, kv: KVCache, size: int, pool: object
+        self, model: DecoderModel, kv: KVCache, size: int, bound: int, pool: object
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        meta = self._metadata(size)
+        meta = self._metadata(size, bound)
         # Warm-up runs compile the Triton kernels for this size (capture cannot compile); on a side
         # stream, as capture requires. The buffers hold padding, so only the scratch slot is written.
         stream = torch.cuda.Stream()
@@ -92,7 +99,7 @@ class DecodeGraphs:
         the next step."""
         batch = len(ids)
         size = next(s for s in self.sizes if s >= batch)
-        graph, logits = self.graphs[size]
+        graph, logits = self.graphs[size, context_bound(max(positions) + 1, self.max_positions, self.short)]
         pad = size - batch
         scratch_slot = self.scratch_block * self.block_size
         width = max(len(t) for t in block_tables)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs
+from strata import env
+from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs, context_bound
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill
 from strata.engine.sequence import Sequence
 from strata.models.base import DecoderModel
@@ -97,6 +98,7 @@ class ModelRunner:
         kv_heads = model.place.tp.local(s.num_kv_heads)
         self.kv = KVCache(s.num_layers, slots, kv_heads, s.head_dim, model.dtype, model.device)
         self.max_blocks = -(-s.context_length // block_size)
+        self.short = env.short_graphs()  # a second bound for decode attention's splits, 0 for none
         self.graphs: DecodeGraphs | None = None
         # Not yet with tensor parallelism: capturing the collectives (and replaying them on every rank
         # in step) is unwritten, so those decode steps run eagerly.
@@ -170,7 +172,7 @@ class ModelRunner:
             block_size=self.block_size,
             # The captured graphs' bound, so attention splits the same way with or without a graph
             # and a step's result never depends on whether its batch fit one.
-            max_context_len=self.max_blocks * self.block_size,
+            max_context_len=context_bound(max(positions) + 1, self.max_blocks * self.block_size, self.short),
         )
         meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
