@@ -8,6 +8,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+# Triton fixes whether it interprets when first imported: set here too (see test_kernels_quant_matvec),
+# or the interpreted kernel tests that run after this module in one process would call compiled
+# jit functions. The compile check itself runs in a process without it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton")
 
