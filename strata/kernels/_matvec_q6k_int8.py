@@ -54,13 +54,7 @@ def _weights(planes, rc1, g, gv, word, SCALAR_SCALES: tl.constexpr):
     ql_at = ql_ptr + rc * stride_ql + g4 * 16 + word
     ql0 = tl.load(ql_at, mask=m4, other=0)
     ql1 = tl.load(ql_at + 8, mask=m4, other=0)
-    if SCALAR_SCALES:  # d in the layout of the scales: one load for each of the two
-        two = tl.zeros((1, 1, 2), tl.int32)
-        d_at = d_ptr + rc1[:, None, None] * stride_d + (g // 2)[None, :, None] + two
-        d = tl.load(d_at, mask=gv[None, :, None], other=0).to(tl.float32)
-    else:
-        d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
-        d = d.to(tl.float32)[:, :, None]
+    d = _d(d_ptr, rc1, stride_d, g, gv, SCALAR_SCALES)
     sc_at = sc_ptr + rc1[:, None, None] * stride_sc
     sc_off = g[None, :, None] * 8 + tl.arange(0, 2)[None, None, :]
     if SCALAR_SCALES:
@@ -71,6 +65,20 @@ def _weights(planes, rc1, g, gv, word, SCALAR_SCALES: tl.constexpr):
     sc2 = tl.load(sc_at + sc_off + 4, mask=sm, other=0)
     sc3 = tl.load(sc_at + sc_off + 6, mask=sm, other=0)
     return qh, ql0, ql1, sc0, sc1, sc2, sc3, d
+
+
+@triton.jit
+def _d(d_ptr, rc1, stride_d, g, gv, SCALAR_SCALES: tl.constexpr):
+    """The super-block scales d of halves g, fp32: (BLOCK_N, NH, 2) with SCALAR_SCALES (in the layout of
+    the sub-block scales: one load for each of the two), else (BLOCK_N, NH, 1)."""
+    if SCALAR_SCALES:
+        two = tl.zeros((1, 1, 2), tl.int32)
+        d_at = d_ptr + rc1[:, None, None] * stride_d + (g // 2)[None, :, None] + two
+        d = tl.load(d_at, mask=gv[None, :, None], other=0).to(tl.float32)
+    else:
+        d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
+        d = d.to(tl.float32)[:, :, None]
+    return d
 
 
 @triton.jit
@@ -153,13 +161,7 @@ def q6_k_int8_matvec_kernel(
             g4 = g[None, :, None, None]
             m4 = gv[None, :, None, None]
             qh = tl.load(qh_ptr + rc * stride_qh + g4 * 8 + word, mask=m4, other=0)  # (BLOCK_N, NH, 2, 4)
-            if SCALAR_SCALES:  # d in the layout of the scales below: one load for each of the two
-                two = tl.zeros((1, 1, 2), tl.int32)
-                d_at = d_ptr + rc1[:, None, None] * stride_d + (g // 2)[None, :, None] + two
-                d = tl.load(d_at, mask=gv[None, :, None], other=0).to(tl.float32)  # (BLOCK_N, NH, 2)
-            else:
-                d = tl.load(d_ptr + rc1[:, None] * stride_d + (g // 2)[None, :], mask=gv[None, :], other=0)
-                d = d.to(tl.float32)[:, :, None]  # (BLOCK_N, NH, 1)
+            d = _d(d_ptr, rc1, stride_d, g, gv, SCALAR_SCALES)
             for s in tl.static_range(4):
                 ql = tl.load(ql_ptr + rc * stride_ql + g4 * 16 + 8 * (s % 2) + word, mask=m4, other=0)
                 # x's sub-block 4g + s for every row: (M_PAD, NH, 2, 4) words and (M_PAD, NH) scales dx.
