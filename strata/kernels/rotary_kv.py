@@ -24,6 +24,40 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 @triton.jit
+def rope_channels(d, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """For channels d of a head, laid out whole (not as pairs): (rotated, partner, freq, sign) —
+    whether d is rotated, the other channel of its pair, its pair's inv_freq index, and -1 on a
+    pair's first channel, +1 on its second (see `rope_rotate`)."""
+    rotated = d < ROPE_DIM
+    if INTERLEAVED:
+        first = d % 2 == 0
+        partner = d ^ 1
+        freq = d // 2
+    else:
+        first = d < ROPE_DIM // 2
+        partner = tl.where(first, d + ROPE_DIM // 2, d - ROPE_DIM // 2)
+        freq = tl.where(first, d, d - ROPE_DIM // 2)
+    return rotated, partner, freq, tl.where(first, -1.0, 1.0)
+
+
+@triton.jit
+def rope_cos_sin(positions_ptr, t, inv_freq_ptr, scale, freq, rotated):
+    """cos and sin of token t's angles at inv_freq[freq] (masked by `rotated`), in fp32."""
+    # Division rounded to nearest (plain `/` is approximate on the GPU), as torch computes it.
+    pos = tl.math.div_rn(tl.load(positions_ptr + t).to(tl.float32), scale)
+    angle = pos * tl.load(inv_freq_ptr + freq, mask=rotated, other=0.0)
+    return tl.cos(angle), tl.sin(angle)
+
+
+@triton.jit
+def rope_rotate(x, x_partner, sign, cos, sin, rotated):
+    """x rotated channel by channel (fp32): x * cos - partner * sin on a pair's first channel, x * cos
+    + partner * sin on its second, x past rope_dim. The sign multiplies exactly and the terms keep
+    `_rotary_kv_kernel`'s order, so the results (and their FMA contraction) are that kernel's."""
+    return tl.where(rotated, x * cos + (sign * x_partner) * sin, x)
+
+
+@triton.jit
 def _rotary_kv_kernel(
     q_ptr, k_ptr, v_ptr, positions_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     scale,
@@ -44,11 +78,7 @@ def _rotary_kv_kernel(
     else:
         c1 = i
         c2 = i + ROPE_DIM // 2
-    # Division rounded to nearest (plain `/` is approximate on the GPU), as torch computes it.
-    pos = tl.math.div_rn(tl.load(positions_ptr + t).to(tl.float32), scale)
-    angle = pos * tl.load(inv_freq_ptr + i, mask=pair, other=0.0)
-    cos = tl.cos(angle)
-    sin = tl.sin(angle)
+    cos, sin = rope_cos_sin(positions_ptr, t, inv_freq_ptr, scale, i, pair)
 
     if head < NUM_Q_HEADS:
         row = q_ptr + t * stride_qt + head * stride_qh
@@ -79,39 +109,6 @@ def _rotary_kv_kernel(
             v = tl.load(v_ptr + t * stride_vt + kvh * stride_vh + d * stride_vd, mask=dm)
             vc_row = v_cache_ptr + slot * stride_vcs + kvh * stride_vch
             tl.store(vc_row + d * stride_vcd, v.to(v_cache_ptr.dtype.element_ty), mask=dm)
-
-
-@triton.jit
-def rope_channels(d, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """For channels d of a head, laid out whole (not as pairs): (rotated, partner, freq, sign) —
-    whether d is rotated, the other channel of its pair, its pair's inv_freq index, and -1 on a
-    pair's first channel, +1 on its second (see `rope_rotate`)."""
-    rotated = d < ROPE_DIM
-    if INTERLEAVED:
-        first = d % 2 == 0
-        partner = d ^ 1
-        freq = d // 2
-    else:
-        first = d < ROPE_DIM // 2
-        partner = tl.where(first, d + ROPE_DIM // 2, d - ROPE_DIM // 2)
-        freq = tl.where(first, d, d - ROPE_DIM // 2)
-    return rotated, partner, freq, tl.where(first, -1.0, 1.0)
-
-
-@triton.jit
-def rope_cos_sin(positions_ptr, t, inv_freq_ptr, scale, freq, rotated):
-    """cos and sin of token t's angles at `freq`, computed as `_rotary_kv_kernel` computes them."""
-    pos = tl.math.div_rn(tl.load(positions_ptr + t).to(tl.float32), scale)
-    angle = pos * tl.load(inv_freq_ptr + freq, mask=rotated, other=0.0)
-    return tl.cos(angle), tl.sin(angle)
-
-
-@triton.jit
-def rope_rotate(x, x_partner, sign, cos, sin, rotated):
-    """x rotated channel by channel (fp32): x * cos - partner * sin on a pair's first channel, x * cos
-    + partner * sin on its second, x past rope_dim. The sign multiplies exactly and the terms keep
-    `_rotary_kv_kernel`'s order, so the results (and their FMA contraction) are that kernel's."""
-    return tl.where(rotated, x * cos + (sign * x_partner) * sin, x)
 
 
 def _check(
