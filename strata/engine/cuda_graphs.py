@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import torch
 
-from strata import env
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
 from strata.models.base import DecoderModel
 
@@ -30,7 +29,8 @@ def context_bound(max_context: int, max_positions: int, short: int) -> int:
 
 
 class DecodeGraphs:
-    """Captured decode steps over `kv`; `scratch_block` is a block the block manager never hands out."""
+    """Captured decode steps over `kv`; `scratch_block` is a block the block manager never hands out.
+    `short` (STRATA_SHORT_GRAPHS, 0 for none): a second set bounded by that many positions."""
 
     def __init__(
         self,
@@ -40,6 +40,7 @@ class DecodeGraphs:
         max_blocks: int,
         scratch_block: int,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+        short: int = 0,
     ) -> None:
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"batch_sizes must be positive sizes, got {tuple(batch_sizes)}")
@@ -52,7 +53,7 @@ class DecodeGraphs:
         self.slots = torch.full((n,), scratch_block * block_size, dtype=torch.long, device=device)
         self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
-        self.max_positions, self.short = max_blocks * block_size, env.short_graphs()
+        self.max_positions, self.short = max_blocks * block_size, short
         bounds = {self.max_positions, context_bound(0, self.max_positions, self.short)}
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         pool = torch.cuda.graph_pool_handle()

@@ -104,7 +104,7 @@ class ModelRunner:
         # in step) is unwritten, so those decode steps run eagerly.
         if cuda_graphs and self.device.type == "cuda" and model.place.tp.size == 1:
             self.graphs = DecodeGraphs(
-                model, self.kv, block_size, self.max_blocks, num_blocks, graph_batch_sizes
+                model, self.kv, block_size, self.max_blocks, num_blocks, graph_batch_sizes, self.short
             )
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
