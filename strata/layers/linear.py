@@ -221,8 +221,7 @@ class Projections(nn.Module):
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         parts = list(self.parts.values())
-        rows = x.numel() // max(1, x.shape[-1])
-        if self.concurrent and x.is_cuda and rows <= self.matvec_rows:
+        if self.concurrent and x.is_cuda and x.numel() // max(1, x.shape[-1]) <= self.matvec_rows:
             ys = _side_by_side(x, parts)
         else:
             ys = [part(x) for part in parts]
