@@ -83,13 +83,10 @@ def configs(
     if smoke:
         int8 = MatvecConfig(8, 256, 2, int8_x=True)
         extra = [int8, replace(int8, rows_at_once=True)] if layout == "planar" else []
-        extra += [replace(int8, flat_acc=True)] if layout == "planar" and m == 1 else []
-        extra += [replace(int8, flat_acc=True, scalar_scales=True)] if layout == "planar" and m == 1 else []
-        extra += (
-            [replace(int8, flat_acc=True, scalar_scales=True, x_per_row=True)]
-            if layout == "planar" and m == 1
-            else []
-        )
+        if layout == "planar" and m == 1:
+            flat = replace(int8, flat_acc=True)
+            scalar = replace(flat, scalar_scales=True)
+            extra += [flat, scalar, replace(scalar, x_per_row=True)]
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         extra += [MatvecConfig(8, 256, 2, matched_loads=True)] if qtype in (T.Q8_0, T.Q5_0) and m == 1 else []
         if int8_only:
