@@ -52,13 +52,8 @@ def kernel_row_limits() -> tuple[int, int]:
     faster through the matvec (matmul 0.91x), 8 and 16 through the matmul (2.08x, 4.16x), and 64
     through cuBLAS (the matmul 0.96x then; since its tiles by shape, wide weights such as gate+up keep
     the matmul at 64 rows: `strata.layers.linear.WIDE_ROWS`)."""
-    limits = []
-    for name, default in (("STRATA_MATVEC_ROWS", 4), ("STRATA_DENSE_ROWS", 64)):
-        value = os.environ.get(name, "") or str(default)
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{name}={value!r} is not a positive integer; unset it or set e.g. {default}")
-        limits.append(int(value))
-    matvec, dense = limits
+    matvec = _integer("STRATA_MATVEC_ROWS", 4, 1)
+    dense = _integer("STRATA_DENSE_ROWS", 64, 1)
     if matvec > 16 or dense <= matvec:
         raise ValueError(
             f"STRATA_MATVEC_ROWS={matvec} must be at most 16 (the matvec's limit) and below "
@@ -128,12 +123,7 @@ def short_graphs() -> int:
     attention takes one split per KV head and launches no merge; longer ones the graphs for the pool's
     whole length. Eager decode steps split by the same bound. 256 is the split length of
     STRATA_LIVE_SPLITS, under which the two sets give the same bits."""
-    value = os.environ.get("STRATA_SHORT_GRAPHS", "") or "0"
-    if not value.isdigit():
-        raise ValueError(
-            f"STRATA_SHORT_GRAPHS={value!r} is not a number of positions; set e.g. 256, or unset it for none"
-        )
-    return int(value)
+    return _integer("STRATA_SHORT_GRAPHS", 0, 0)
 
 
 def decode_splits() -> tuple[int, int]:
@@ -142,13 +132,7 @@ def decode_splits() -> tuple[int, int]:
     SPLIT_PROGRAMS (sequence, KV head, split) programs per SM (fewer on short contexts). Knobs for
     measuring long contexts (`strata bench ab` arm options), where one sequence's two KV heads give
     the SMs one program each at the default cap."""
-    values = []
-    for name, default, most in (("STRATA_MAX_SPLITS", 64, 1024), ("STRATA_SPLIT_PROGRAMS", 2, 64)):
-        value = os.environ.get(name, "") or str(default)
-        if not value.isdigit() or not 1 <= int(value) <= most:
-            raise ValueError(f"{name}={value!r} must be an integer from 1 to {most}; unset it for {default}")
-        values.append(int(value))
-    return values[0], values[1]
+    return _integer("STRATA_MAX_SPLITS", 64, 1, 1024), _integer("STRATA_SPLIT_PROGRAMS", 2, 1, 64)
 
 
 def pdl() -> int:
@@ -169,6 +153,15 @@ def _level(name: str, default: str, allowed: tuple[str, ...]) -> str:
         choices = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
         raise ValueError(f"{name}={value!r} must be {choices}; unset it for {default}")
     return value
+
+
+def _integer(name: str, default: int, least: int, most: int | None = None) -> int:
+    """The value of the integer setting `name`, from `least` to `most` (unset or empty: `default`)."""
+    value = os.environ.get(name, "") or str(default)
+    if not value.isdigit() or int(value) < least or (most is not None and int(value) > most):
+        bounds = f"from {least} to {most}" if most is not None else f"of at least {least}"
+        raise ValueError(f"{name}={value!r} must be an integer {bounds}; unset it for {default}")
+    return int(value)
 
 
 INT8_X_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")

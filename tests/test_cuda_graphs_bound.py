@@ -24,5 +24,5 @@ def test_setting(monkeypatch):
     monkeypatch.setenv("STRATA_SHORT_GRAPHS", "256")
     assert env.short_graphs() == 256
     monkeypatch.setenv("STRATA_SHORT_GRAPHS", "-1")
-    with pytest.raises(ValueError, match="STRATA_SHORT_GRAPHS='-1' is not a number of positions"):
+    with pytest.raises(ValueError, match="STRATA_SHORT_GRAPHS='-1' must be an integer of at least 0"):
         env.short_graphs()
