@@ -26,7 +26,8 @@ def test_defaults_and_errors(monkeypatch):
     monkeypatch.delenv("STRATA_MATVEC_ROWS", raising=False)
     monkeypatch.delenv("STRATA_DENSE_ROWS", raising=False)
     assert env.kernel_row_limits() == (4, 64)
-    for matvec, dense, match in [("17", "64", "at most 16"), ("8", "8", "below"), ("x", "64", "STRATA_MATVEC_ROWS=.x. must be an integer of at least 1; unset it for 4")]:
+    not_integer = "STRATA_MATVEC_ROWS='x' must be an integer of at least 1; unset it for 4"
+    for matvec, dense, match in [("17", "64", "at most 16"), ("8", "8", "below"), ("x", "64", not_integer)]:
         monkeypatch.setenv("STRATA_MATVEC_ROWS", matvec)
         monkeypatch.setenv("STRATA_DENSE_ROWS", dense)
         with pytest.raises(ValueError, match=match):
