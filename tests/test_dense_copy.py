@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 import strata.kernels.dequant_packed as dequant_packed  # noqa: E402
-from strata.layers.linear import WIDE_ROWS, QuantLinear  # noqa: E402
+from strata.layers.linear import WIDE_ROWS, QuantLinear, stack_rows  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
 from tests.test_kernels_quant_matvec import random_weight  # noqa: E402
 
@@ -52,3 +52,22 @@ def test_wide_weights_keep_no_copy(monkeypatch):
     raw = random_weight(T.Q8_0, n, k, seed=3).to(DEVICE)
     layer = QuantLinear(raw, T.Q8_0, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True))
     assert layer.dense is None
+
+
+def test_stacked_layers_stack_their_copies(monkeypatch):
+    # q, k and v of one type become one layer; its copy is theirs stacked, not a second dequantization.
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
+    k = 64
+    layers = [
+        QuantLinear(random_weight(T.Q8_0, n, k, seed=n).to(DEVICE), T.Q8_0, (n, k), place) for n in (48, 16)
+    ]
+    fresh = dequant_packed.dequantize_packed
+
+    def never(*args, **kwargs):
+        raise AssertionError("dequantized again")
+
+    monkeypatch.setattr(dequant_packed, "dequantize_packed", never)
+    stacked = stack_rows(layers, place)
+    assert stacked.dense is not None and stacked.packed is not None
+    assert torch.equal(stacked.dense, fresh(stacked.packed, torch.bfloat16))

@@ -54,9 +54,11 @@ class QuantLinear(nn.Module):
         bias: torch.Tensor | None = None,
         all_reduce: bool = False,
         pad: tuple[int, int] | None = None,
+        dense: torch.Tensor | None = None,
     ) -> None:
         """`qweight`: the stored GGUF bytes, or a weight already packed for the kernels. `pad`: the zero
-        columns (left, right) added around each input; `shape` counts them."""
+        columns (left, right) added around each input; `shape` counts them. `dense`: the STRATA_DENSE_COPY
+        copy of a packed weight when the caller has it already (made here otherwise)."""
         super().__init__()
         self.qtype, self.tp, self.all_reduce, self.pad = qtype, place.tp, all_reduce, pad
         self.kernels = place.kernels
@@ -81,8 +83,8 @@ class QuantLinear(nn.Module):
             # 1.67x, the output head 1.32x faster than dequantize + cuBLAS; 128 rows 0.93x, 0.85x).
             self.dense_rows += 1
         # STRATA_DENSE_COPY: the weight dequantized once, for the batches that would dequantize it per call.
-        self.dense: torch.Tensor | None = None
-        if self.packed is not None and self.out_features < WIDE_ROWS and env.dense_copy():
+        self.dense = dense
+        if dense is None and self.packed is not None and self.out_features < WIDE_ROWS and env.dense_copy():
             from strata.kernels.dequant_packed import dequantize_packed
 
             self.dense = dequantize_packed(self.packed, place.dtype)
@@ -175,7 +177,11 @@ def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
     if any(x.bias is not None for x in layers):
         zeros = [torch.zeros(x.out_features, device=place.device) for x in layers]
         bias = torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
-    return QuantLinear(packed, first.qtype, (n, first.in_features), place, bias)
+    # The parts' dense copies stacked like their planes (the same values), not dequantized again.
+    dense = None
+    if n < WIDE_ROWS and all(x.dense is not None for x in layers):
+        dense = torch.cat([x.dense for x in layers if x.dense is not None])
+    return QuantLinear(packed, first.qtype, (n, first.in_features), place, bias, dense=dense)
 
 
 class Projections(nn.Module):
