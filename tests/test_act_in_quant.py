@@ -78,3 +78,29 @@ def test_env_and_argument_errors(monkeypatch):
         quant_matvec.quant_matvec(gate, raw, T.Q4_K, 8, 256, up=up, act="relu")
     with pytest.raises(ValueError, match=r"up must be a \(2, 256\) torch.bfloat16 tensor"):
         quant_matvec.quant_matvec(gate, raw, T.Q4_K, 8, 256, up=up.float())
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("act", ACTS)
+def test_fp32_x_kernels_take_silu_in_their_loads(monkeypatch, act, qtype, rows):
+    # int8_x off (STRATA_INT8_X=none): Q4_K's planar and Q6_K's fp32-x matvecs compute silu(gate) * up
+    # as they load x, the same bits as silu_mul first; gelu_tanh still launches the activation.
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    monkeypatch.setenv("STRATA_INT8_X", "none")
+    n, k = 24, 768  # 3 super-blocks: a partial step of the 512-wide tiles
+    gate, up = gate_up(rows, k, torch.bfloat16, seed=6)
+    raw = random_weight(qtype, n, k, seed=7).to(DEVICE)
+    packed = quant_matvec.pack_quant_weight(raw, qtype, n, k)
+    expected = quant_matvec.quant_matvec(quant_matvec.gated_act(gate, up, act), packed, qtype, n, k)
+    calls: list[str] = []
+    real = quant_matvec.gated_act
+    monkeypatch.setattr(quant_matvec, "gated_act", lambda *a: calls.append("gated_act") or real(*a))
+    configs = [None]
+    if qtype == T.Q4_K:
+        configs.append(quant_matvec.MatvecConfig(block_n=8, block_k=512, split_k=2, prefetch=True))
+    for config in configs:
+        assert torch.equal(
+            quant_matvec.quant_matvec(gate, packed, qtype, n, k, up=up, act=act, config=config), expected
+        )
+    assert calls == ([] if act == "silu" else ["gated_act"] * len(configs))

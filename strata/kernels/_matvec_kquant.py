@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
+from strata.kernels.activation import load_x
 from strata.kernels.pdl import await_inputs
 
 
@@ -90,8 +91,9 @@ def q6_k_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_ql, stride_qh, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    up_ptr=None, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    """With GATED, x is silu(x) * up (`activation.load_x`), up laid out like x."""
     await_inputs(PDL)
     # Work goes in halves of a super-block (128 elements): half g has ql bytes 64g..64g+63, qh bytes
     # 32g..32g+31 and scales 8g..8g+7. Element 128g + 32s + i (s = 0..3, i = 0..31) takes its low
@@ -132,7 +134,7 @@ def q6_k_matvec_kernel(
             scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2)
             x_off = g[:, None, None] * 128 + 32 * s + it[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
             for m in tl.static_range(M):
-                xv = tl.load(x_ptr + m * stride_xm + x_off, mask=gm[:, None, None], other=0).to(tl.float32)
+                xv = load_x(x_ptr, up_ptr, m * stride_xm + x_off, gm[:, None, None], GATED)
                 part = tl.sum(tl.sum(tl.sum(w * xv[None, :, :, :], 3) * scale, 2), 1)
                 acc = add_to_row(acc, part, m, M_PAD)
     store_rows(

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
+from strata.kernels.activation import load_x
 from strata.kernels.pdl import await_inputs
 
 
@@ -43,18 +44,19 @@ def _loads(
 
 
 @triton.jit
-def _step(acc, x_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M: tl.constexpr, M_PAD: tl.constexpr):
+def _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin,
+          M: tl.constexpr, M_PAD: tl.constexpr, GATED: tl.constexpr):  # fmt: skip
     """acc (M_PAD, BLOCK_N, NS) += each row's dot with x over sub-blocks s, per sub-block."""
     ir = tl.arange(0, 4)
     upper = words >> 12  # nibbles 5-7 at bits 8-19 (the sign fill above bit 19 is masked off)
     d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)  # exact, as dequantize's d * sc
     d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
     for m in tl.static_range(M):
-        x_at = x_ptr + m * stride_xm + s[:, None] * 32 + ir[None, :]  # element 4i + r at + 4i
+        x_at = m * stride_xm + s[:, None] * 32 + ir[None, :]  # element 4i + r at + 4i
         dot = tl.zeros(words.shape, tl.float32)
         xsum = tl.zeros((s.shape[0], 4), tl.float32)
         for i in tl.static_range(8):
-            xi = tl.load(x_at + 4 * i, mask=sv[:, None], other=0).to(tl.float32)
+            xi = load_x(x_ptr, up_ptr, x_at + 4 * i, sv[:, None], GATED)
             xsum += xi
             # q * 16^p exactly from the nibble masked in place (p = i, or i - 3 after the shift);
             # x * 16^-p is exact too, so each product is q * x.
@@ -74,8 +76,9 @@ def q4_k_planar_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr,
-    PDL: tl.constexpr = False,
+    up_ptr=None, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    """With GATED, x is silu(x) * up (`activation.load_x`), up laid out like x."""
     await_inputs(PDL)
     # qs is the int32 view: sub-block s is words 4s..4s+3, and nibble i of word r is element 4i + r.
     NS: tl.constexpr = BLOCK_K // 32
@@ -93,14 +96,14 @@ def q4_k_planar_matvec_kernel(
             # The next step's loads (masked off past the end) go out before this step computes.
             sn = s + NS
             w_n, sc_n, mn_n, d_n, dmin_n = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides)
-            acc = _step(acc, x_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD)
+            acc = _step(acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED)
             words, sc, mn, d, dmin = w_n, sc_n, mn_n, d_n, dmin_n
     else:
         for s0 in range(lo, hi, NS):
             s = s0 + js
             sv = s < hi
             words, sc, mn, d, dmin = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides)
-            acc = _step(acc, x_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD)
+            acc = _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED)
     acc = tl.sum(acc, 2)
     store_rows(
         y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K

@@ -96,6 +96,14 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             )
         planar = q4_k_planar_matvec_kernel
         out.append((f"Q4_K planar {name}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
+        # SwiGLU in the x loads (`activation.load_x`): the down projection's gate and up.
+        gated, up = dict(tile, GATED=True), {"up_ptr": "*bf16"}
+        out.append(
+            (f"Q4_K planar {name} gated", planar, dict(gated, PREFETCH=False), {"qs_ptr": "*i32", **up})
+        )
+        out.append(
+            (f"q6_k_matvec_kernel {name} gated", q6_k_matvec_kernel, gated, {**u8, "sc_ptr": "*i8", **up})
+        )
     return out + matmul_variants() + norm_variants() + attention_variants()
 
 

@@ -198,7 +198,8 @@ def quant_matvec(
     `bias` (n,), any float dtype, is added to the fp32 sums before their one rounding to y's dtype.
     With `up` (like x), the input is the gated activation act(x) * up (`act` "silu" or "gelu_tanh", the
     values of `strata.kernels.activation`): computed inside x's int8 quantization where the int8 path
-    runs (no launch of its own), else by that module first. `x_int8`: x already quantized, by order
+    runs, or (silu) inside the fp32 x loads of Q4_K's planar and Q6_K's kernels (no launch of its own),
+    else by that module first. `x_int8`: x already quantized, by order
     (True planar), as `quantize_x` would (e.g. by `rms_norm_int8`); used where the int8 path runs.
 
     `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
@@ -261,7 +262,11 @@ def quant_matvec(
             f"MatvecConfig.prefetch needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar) or Q6_K with "
             f"int8_x, not {qtype.name} ({packed.layout}) with int8_x={int8_x}"
         )
-    if up is not None and not int8_x:
+    # SwiGLU inside the fp32 x loads of Q4_K (planar) and Q6_K (the same bits, no launch of its own).
+    gated_loads = (
+        (planar or qtype == _T.Q6_K) and act == "silu" and up is not None and up.stride(0) == x.stride(0)
+    )
+    if up is not None and not int8_x and not gated_loads:
         x, up = gated_act(x, up, act), None
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
@@ -290,6 +295,8 @@ def quant_matvec(
     extra = {"PREFETCH": cfg.prefetch} if planar else {"FLAT_ACC": cfg.flat_acc} if flat_q5_0 else {}
     if cfg.matched_loads:
         extra["MATCHED"] = True
+    if up is not None and not int8_x:
+        extra |= {"up_ptr": up, "GATED": True}
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
     # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
