@@ -67,7 +67,9 @@ def act_in_quant() -> bool:
     feeding an int8 matvec (decode's down projection) is computed inside x's int8 quantization, the
     same values bit for bit, instead of by a launch of its own (one launch fewer per layer and step;
     H200, 2026-12-04: 7B decode 1.015x at one and at eight sequences, 0.5B 0.98-1.01x, within its
-    noise). 0 launches the activation on its own."""
+    noise). With int8 x off for the weight's type (STRATA_INT8_X), Q4_K's planar and Q6_K's fp32-x
+    matvecs compute a SwiGLU as they load x instead (the same bits; untimed). 0 launches the activation
+    on its own."""
     return _level("STRATA_ACT_IN_QUANT", "1", ("0", "1")) == "1"
 
 
