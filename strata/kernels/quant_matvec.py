@@ -292,7 +292,11 @@ def quant_matvec(
             f"kernels (not with int8_x or flat_acc), not {m} rows of {qtype.name} with int8_x={int8_x}, "
             f"flat_acc={cfg.flat_acc}: leave it off there"
         )
-    extra = {"PREFETCH": cfg.prefetch} if planar else {"FLAT_ACC": cfg.flat_acc} if flat_q5_0 else {}
+    extra: dict[str, object] = {}
+    if planar:
+        extra["PREFETCH"] = cfg.prefetch
+    elif flat_q5_0:
+        extra["FLAT_ACC"] = cfg.flat_acc
     if cfg.matched_loads:
         extra["MATCHED"] = True
     if up is not None and not int8_x:
