@@ -262,12 +262,13 @@ def quant_matvec(
             f"MatvecConfig.prefetch needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar) or Q6_K with "
             f"int8_x, not {qtype.name} ({packed.layout}) with int8_x={int8_x}"
         )
-    # SwiGLU inside the fp32 x loads of Q4_K (planar) and Q6_K (the same bits, no launch of its own).
-    gated_loads = (
-        (planar or qtype == _T.Q6_K) and act == "silu" and up is not None and up.stride(0) == x.stride(0)
-    )
-    if up is not None and not int8_x and not gated_loads:
-        x, up = gated_act(x, up, act), None
+    gated_loads: dict[str, object] = {}
+    if up is not None and not int8_x:
+        # SwiGLU inside the fp32 x loads of Q4_K (planar) and Q6_K (the same bits, no launch of its own).
+        if (planar or qtype == _T.Q6_K) and act == "silu" and up.stride(0) == x.stride(0):
+            gated_loads = {"up_ptr": up, "GATED": True}
+        else:
+            x, up = gated_act(x, up, act), None
     if cfg.rows_at_once and not (int8_x and planar):
         raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
@@ -299,8 +300,7 @@ def quant_matvec(
         extra["FLAT_ACC"] = cfg.flat_acc
     if cfg.matched_loads:
         extra["MATCHED"] = True
-    if up is not None and not int8_x:
-        extra |= {"up_ptr": up, "GATED": True}
+    extra |= gated_loads
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
     # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
