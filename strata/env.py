@@ -83,6 +83,17 @@ def quant_in_norm() -> bool:
     return _level("STRATA_QUANT_IN_NORM", "1", ("0", "1")) == "1"
 
 
+def norm_in_matvec() -> bool:
+    """STRATA_NORM_IN_MATVEC=1 (opt-in until timed): on the GPU kernel path, a decode step of one
+    sequence (one row) runs each llama-style block's two RMSNorms inside the loads of the projections
+    they feed (q/k/v, gate/up), where those multiply 16-bit x as it is (Q8_0, Q5_0; Q4_K and Q6_K
+    with STRATA_INT8_X=none), and the residual adds inside the stores of the o and down projections:
+    two launches fewer per layer (the 0.5B's 24 layers: 48 a step). The residual adds are the same
+    bits; each matvec program takes the norm's 1 / rms from the whole row, reduced in another order
+    than the norm kernel's (fp32 rounding apart, the same values). 0: the norms launch on their own."""
+    return _level("STRATA_NORM_IN_MATVEC", "0", ("0", "1")) == "1"
+
+
 def live_splits() -> bool:
     """STRATA_LIVE_SPLITS=1 (opt-in until timed): the GPU's paged decode attention runs, of the split
     count fixed on the host (for the longest context a captured graph allows), at most one split per

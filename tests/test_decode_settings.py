@@ -7,6 +7,8 @@ K-quants), made once for the module: an interpreted run takes about 14 s.
 - STRATA_LIVE_SPLITS=1: decode attention runs only the splits each context fills
 - STRATA_ROPE_IN_ATTENTION=1: decode attention rotates q and writes the new K/V itself
 - STRATA_SHORT_GRAPHS=256: short contexts split by a bound of 256 positions
+- STRATA_NORM_IN_MATVEC=1 (with int8 x off): one-row steps' norms in the projections' loads and
+  residual adds in their stores
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
 import strata.kernels.paged_attention as paged_attention  # noqa: E402
 import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
+import strata.kernels.rms_norm as rms_norm  # noqa: E402
 import strata.layers.linear as linear  # noqa: E402
 from strata.gguf.synth import SynthSpec, write_synthetic  # noqa: E402
 from tests.synthetic_decode import greedy_kernel_path  # noqa: E402
@@ -38,6 +41,7 @@ class Run:
     ids: list[int]
     quantize_x: int = 0  # quantize_x launches
     gated: int = 0  # gated activations launched on their own
+    norms: int = 0  # rms_norm launches
     attention: list[dict[str, Any]] = field(default_factory=list)  # each paged_decode_attention's kwargs
 
 
@@ -52,6 +56,7 @@ def decode(path: Path, **settings: str) -> Run:
             mp.setenv(f"STRATA_{name}", value)
         quantize, gated = quant_matvec.quantize_x, linear.gated
         attend = paged_attention.paged_decode_attention
+        norm = rms_norm.rms_norm
 
         def count_quantize(*args, **kwargs):
             run.quantize_x += 1
@@ -61,6 +66,10 @@ def decode(path: Path, **settings: str) -> Run:
             run.gated += 1
             return gated(*args)
 
+        def count_norm(*args, **kwargs):
+            run.norms += 1
+            return norm(*args, **kwargs)
+
         def record_attention(*args, **kwargs):
             run.attention.append(kwargs)
             return attend(*args, **kwargs)
@@ -68,6 +77,8 @@ def decode(path: Path, **settings: str) -> Run:
         mp.setattr(quant_matvec, "quantize_x", count_quantize)
         mp.setattr(linear, "gated", count_gated)
         mp.setattr(paged_attention, "paged_decode_attention", record_attention)
+        mp.setattr(rms_norm, "rms_norm", count_norm)
+        mp.setattr(quant_matvec, "rms_norm", count_norm)
         run.ids = greedy_kernel_path(path, DEVICE)
     return run
 
@@ -125,3 +136,15 @@ def test_short_context_bound(model: Path, defaults: Run):
     assert short.ids == defaults.ids
     assert {kw["max_context_len"] for kw in defaults.attention} == {2048}
     assert {kw["max_context_len"] for kw in short.attention} == {256}
+
+
+def test_norm_in_matvec(model: Path):
+    # Q8_0 on 16-bit x (int8 x off): in the two decode steps (one row each) the norms of both layers
+    # go into the q/k/v and gate/up matvecs' loads and the residual adds into the o and down
+    # projections' stores; the final norm still launches. In Triton's interpreter the 1 / rms of the
+    # loads is the norm kernel's bit for bit (on a GPU within fp32 rounding: tests/test_norm_in_matvec).
+    plain = decode(model, INT8_X="none")
+    fused = decode(model, INT8_X="none", NORM_IN_MATVEC="1")
+    assert fused.ids == plain.ids
+    decode_steps, layers = 2, 2
+    assert plain.norms - fused.norms == decode_steps * layers * 2

@@ -16,6 +16,7 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_ROPE_IN_ATTENTION", env.rope_in_attention, False),
     ("STRATA_CONCURRENT_PROJECTIONS", env.concurrent_projections, False),
     ("STRATA_DENSE_COPY", env.dense_copy, False),
+    ("STRATA_NORM_IN_MATVEC", env.norm_in_matvec, False),
 ]
 
 

@@ -23,6 +23,7 @@ ENV_OPTIONS = {
     "dense_copy": "STRATA_DENSE_COPY",
     "short_graphs": "STRATA_SHORT_GRAPHS",
     "split_programs": "STRATA_SPLIT_PROGRAMS",
+    "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

@@ -58,9 +58,11 @@ def store_rows(
     b_ptr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    ADD: tl.constexpr = False,
 ):
     """Write the (M_PAD, BLOCK_N) accumulator, plus the bias b[rows] when there is one, to out[m, rows]
-    (row stride stride_ym), rounding once to out's dtype.
+    (row stride stride_ym), rounding once to out's dtype; with ADD, add that to what out holds
+    (`added`).
 
     Under split-K the partials go through the workspace y[split, m, rows] (split stride stride_ys,
     row stride stride_ym) and `sum_splits`, per row tile."""
@@ -71,19 +73,34 @@ def store_rows(
     if HAS_BIAS:
         bias = tl.load(b_ptr + rows, mask=rows < N, other=0).to(tl.float32)[None, :]
     if SPLIT_K == 1:
-        tl.store(out_ptr + at, (acc + bias).to(out_ptr.dtype.element_ty), mask=inside)
+        tl.store(out_ptr + at, added(out_ptr + at, inside, acc + bias, ADD), mask=inside)
     else:
-        sum_splits(y_ptr, out_ptr, lock_ptr, acc, at, at, inside, tl.program_id(0), stride_ys, bias, SPLIT_K)
+        sum_splits(
+            y_ptr, out_ptr, lock_ptr, acc, at, at, inside, tl.program_id(0), stride_ys, bias, SPLIT_K, ADD
+        )
+
+
+@triton.jit
+def added(at, inside, value, ADD: tl.constexpr):
+    """fp32 `value` rounded to the dtype at `at`; with ADD, plus what is stored there, rounded again:
+    the residual add of `rms_norm.rms_norm` (torch's `residual + y` compiled; Triton's interpreter
+    rounds its casts to 16 bits toward zero), for y the matvec's rounded output."""
+    y = value.to(at.dtype.element_ty)
+    if ADD:
+        y = (tl.load(at, mask=inside, other=0).to(tl.float32) + y.to(tl.float32)).to(at.dtype.element_ty)
+    return y
 
 
 @triton.jit
 def sum_splits(
-    y_ptr, out_ptr, lock_ptr, acc, at_ws, at_out, inside, tile, stride_ys, bias, SPLIT_K: tl.constexpr
-):
+    y_ptr, out_ptr, lock_ptr, acc, at_ws, at_out, inside, tile, stride_ys, bias, SPLIT_K: tl.constexpr,
+    ADD: tl.constexpr = False,
+):  # fmt: skip
     """Split-K without a launch of its own: this split (program_id(1)) stores its fp32 partial tile to
     the workspace y[split] (offsets at_ws, split stride stride_ys), and the last split of the tile to
     finish (counted in lock[tile] by an atomic) sums the partials in split order, adds `bias`, writes
-    out (offsets at_out) rounded once to its dtype and resets the counter to 0 for the next launch.
+    out (offsets at_out) rounded once to its dtype (with ADD, added to out's values: `added`) and
+    resets the counter to 0 for the next launch.
     The barrier makes this program's partial stores precede its release (the atomic is one thread's);
     the partials are read through L2 (.cg), where the other programs' stores landed."""
     tl.store(y_ptr + tl.program_id(1) * stride_ys + at_ws, acc, mask=inside)
@@ -92,5 +109,5 @@ def sum_splits(
         total = tl.zeros_like(acc)
         for s in tl.static_range(SPLIT_K):
             total += tl.load(y_ptr + s * stride_ys + at_ws, mask=inside, other=0, cache_modifier=".cg")
-        tl.store(out_ptr + at_out, (total + bias).to(out_ptr.dtype.element_ty), mask=inside)
+        tl.store(out_ptr + at_out, added(out_ptr + at_out, inside, total + bias, ADD), mask=inside)
         tl.store(lock_ptr + tile, 0)

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
-from strata.kernels.activation import load_x
 from strata.kernels.pdl import await_inputs
+from strata.kernels.x_loads import load_x, row_inverse_rms
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def q4_k_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_w,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     # A 144-byte block: d fp16, dmin fp16, 12 scale bytes, then 4 chunks of 32 quant bytes; chunk c
@@ -79,9 +79,8 @@ def q4_k_matvec_kernel(
                 - m_hi * tl.sum(x_hi, 1)[None, :]
             )
             acc = add_to_row(acc, tl.sum(part, 1), m, M_PAD)
-    store_rows(
-        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
-    )
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
 
 
 @triton.jit
@@ -91,10 +90,14 @@ def q6_k_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_ql, stride_qh, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    up_ptr=None, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
+    up_ptr=None, GATED: tl.constexpr = False,
+    norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """With GATED, x is silu(x) * up (`activation.load_x`), up laid out like x."""
+    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x; with NORMED (M = 1)
+    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`)."""
     await_inputs(PDL)
+    inv_rms = row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H)
     # Work goes in halves of a super-block (128 elements): half g has ql bytes 64g..64g+63, qh bytes
     # 32g..32g+31 and scales 8g..8g+7. Element 128g + 32s + i (s = 0..3, i = 0..31) takes its low
     # 4 bits from ql byte 64g + 32(s % 2) + i (low nibble for s < 2) and its high 2 bits from bits
@@ -134,9 +137,9 @@ def q6_k_matvec_kernel(
             scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2)
             x_off = g[:, None, None] * 128 + 32 * s + it[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
             for m in tl.static_range(M):
-                xv = load_x(x_ptr, up_ptr, m * stride_xm + x_off, gm[:, None, None], GATED)
+                x_at = m * stride_xm + x_off
+                xv = load_x(x_ptr, up_ptr, x_at, gm[:, None, None], GATED, norm_ptr, inv_rms, NORMED)
                 part = tl.sum(tl.sum(tl.sum(w * xv[None, :, :, :], 3) * scale, 2), 1)
                 acc = add_to_row(acc, part, m, M_PAD)
-    store_rows(
-        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
-    )
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip

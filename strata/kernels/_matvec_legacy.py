@@ -13,6 +13,7 @@ import triton.language as tl
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
 from strata.kernels._matvec_legacy_matched import q5_0_chunks, q8_0_chunks
 from strata.kernels.pdl import await_inputs, prefetch_weights
+from strata.kernels.x_loads import load_x, row_inverse_rms
 
 
 @triton.jit
@@ -22,9 +23,11 @@ def q8_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, MATCHED: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout."""
+    """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED
+    (M = 1): x is RMSNorm(x) with weight norm_ptr (`x_loads`); ADD: out += y (`_bits.added`)."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
@@ -32,15 +35,17 @@ def q8_0_matvec_kernel(
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     prefetch_weights(qs_ptr, rc, stride_qs, lo * 32, hi * 32, BLOCK_K, PDL)
     await_inputs(PDL)
+    norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
     if MATCHED:
-        acc = q8_0_chunks(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, BLOCK_N, NB)[None, :]
-    else:
-        acc = _q8_0_rows(
-            x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d, M, M_PAD, BLOCK_N, NB
+        chunks = q8_0_chunks(
+            x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, BLOCK_N, NB, *norm, NORMED
         )
-    store_rows(
-        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
-    )
+        acc = chunks[None, :]
+    else:
+        acc = _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
+                         M, M_PAD, BLOCK_N, NB, *norm, NORMED)  # fmt: skip
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
 
 
 @triton.jit
@@ -51,34 +56,36 @@ def q5_0_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FLAT_ACC: tl.constexpr = False,
     MATCHED: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step. MATCHED (M = 1):
-    `_matvec_legacy_matched`'s loop, every load in one thread layout."""
+    `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD: as Q8_0's."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     prefetch_weights(qs_ptr, rc, stride_qs, lo * 16, hi * 16, BLOCK_K // 2, PDL)
     await_inputs(PDL)
+    norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
     if MATCHED:
-        acc = q5_0_chunks(
-            x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d, BLOCK_N, NB
-        )[None, :]
+        acc = q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d,
+                          BLOCK_N, NB, *norm, NORMED)[None, :]  # fmt: skip
     else:
         acc = _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
-                         M, M_PAD, BLOCK_N, NB, FLAT_ACC)  # fmt: skip
-    store_rows(
-        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
-    )
+                         M, M_PAD, BLOCK_N, NB, FLAT_ACC, *norm, NORMED)  # fmt: skip
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
 
 
 @triton.jit
 def _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
-               M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+               M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+               norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
     """Every row of x times row tile rc over blocks [lo, hi): (M_PAD, BLOCK_N) fp32, each block's
-    sum scaled by its d. BLOCK_N is passed, not read from rc.shape (see `_int8_x.store_int8`)."""
+    sum scaled by its d. BLOCK_N is passed, not read from rc.shape (see `_int8_x.store_int8`).
+    x is loaded by `x_loads.load_x` (NORMED: its norm)."""
     ib = tl.arange(0, NB)
     ij = tl.arange(0, 32)
     acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
@@ -95,9 +102,9 @@ def _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
         d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
         d = d.to(tl.float32)
         for m in tl.static_range(M):
-            x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
-            xv = tl.load(x_at, mask=bm[:, None], other=0)
-            part = tl.sum(tl.sum(w * xv.to(tl.float32)[None, :, :], 2) * d, 1)
+            x_at = m * stride_xm + blk[:, None] * 32 + ij[None, :]
+            xv = load_x(x_ptr, None, x_at, bm[:, None], False, norm_ptr, inv_rms, NORMED)
+            part = tl.sum(tl.sum(w * xv[None, :, :], 2) * d, 1)
             acc = add_to_row(acc, part, m, M_PAD)
     return acc
 
@@ -105,7 +112,7 @@ def _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
 @triton.jit
 def _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
                M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-               FLAT_ACC: tl.constexpr):  # fmt: skip
+               FLAT_ACC: tl.constexpr, norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
     """As `_q8_0_rows` for Q5_0; FLAT_ACC: see the kernel."""
     ib = tl.arange(0, NB)
     ij = tl.arange(0, 16)
@@ -126,9 +133,9 @@ def _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, s
         d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
         d = d.to(tl.float32)
         for m in tl.static_range(M):
-            x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
-            x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-            x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+            x_at = m * stride_xm + blk[:, None] * 32 + ij[None, :]
+            x_lo = load_x(x_ptr, None, x_at, bm[:, None], False, norm_ptr, inv_rms, NORMED)[None, :, :]
+            x_hi = load_x(x_ptr, None, x_at + 16, bm[:, None], False, norm_ptr, inv_rms, NORMED)[None, :, :]
             if FLAT_ACC:
                 acc += (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
             else:
@@ -146,7 +153,7 @@ def q4_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
@@ -173,6 +180,5 @@ def q4_0_matvec_kernel(
             x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
             part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
             acc = add_to_row(acc, part, m, M_PAD)
-    store_rows(
-        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
-    )
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip

@@ -42,7 +42,7 @@ def legacy_int8_matvec_kernel(
     stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     QTYPE: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
-    PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """qs_ptr is an int32 view of the quants (stride in words); qh_ptr Q5_0's int32 qh (Q8_0: unused).
     Every row of x at once (M_PAD of them)."""
@@ -69,6 +69,5 @@ def legacy_int8_matvec_kernel(
         d = tl.load(d_ptr + rc1[:, None] * stride_d + blk1[None, :], mask=bv[None, :], other=0).to(tl.float32)
         part = d[None, :, :] * dot * dx[:, None, :]
         acc += tl.sum(part, 2)
-    store_rows(
-        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
-    )
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import exact_float
+from strata.kernels.x_loads import load_x
 
 
 @triton.jit
@@ -37,9 +38,11 @@ def _per_chunk(plane_ptr, rows, stride, blk, bm, CHUNKS: tl.constexpr):
 
 @triton.jit
 def q8_0_chunks(x_ptr, qs_ptr, d_ptr, rows, lo, hi, stride_qs, stride_d,
-                BLOCK_N: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+                BLOCK_N: tl.constexpr, NB: tl.constexpr,
+                norm_ptr=None, inv_rms=1.0, NORMED: tl.constexpr = False):  # fmt: skip
     """Row tile `rows` (clamped to valid rows) times x over blocks [lo, hi): (BLOCK_N,) fp32. A block's
-    32 quant bytes are four chunks of 8, a thread's chunk meeting its 8 elements of x."""
+    32 quant bytes are four chunks of 8, a thread's chunk meeting its 8 elements of x (loaded by
+    `x_loads.load_x`: NORMED, its norm)."""
     acc = tl.zeros((BLOCK_N, NB, 4), tl.float32)
     none = tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
     for b0 in range(lo, hi, NB):
@@ -48,7 +51,7 @@ def q8_0_chunks(x_ptr, qs_ptr, d_ptr, rows, lo, hi, stride_qs, stride_d,
         off = (blk[:, None, None] * 32 + _in_block(bm, 4))[None, :, :, :]
         m4 = bm[None, :, None, None]
         q = tl.load(qs_ptr + rows[:, None, None, None] * stride_qs + off, mask=m4, other=0)
-        x = tl.load(x_ptr + off + none, mask=m4, other=0).to(tl.float32)
+        x = load_x(x_ptr, None, off + none, m4, False, norm_ptr, inv_rms, NORMED)
         # q + 128 = the byte with its sign bit flipped.
         w = exact_float(q.to(tl.int32) ^ 0x80, 128)
         acc += tl.sum(w * x, 3) * _per_chunk(d_ptr, rows, stride_d, blk, bm, 4).to(tl.float32)
@@ -57,7 +60,8 @@ def q8_0_chunks(x_ptr, qs_ptr, d_ptr, rows, lo, hi, stride_qs, stride_d,
 
 @triton.jit
 def q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rows, lo, hi, stride_qs, stride_qh, stride_d,
-                BLOCK_N: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+                BLOCK_N: tl.constexpr, NB: tl.constexpr,
+                norm_ptr=None, inv_rms=1.0, NORMED: tl.constexpr = False):  # fmt: skip
     """As `q8_0_chunks` for Q5_0: byte i of a block holds element i (low nibble) and 16 + i (high);
     bit i of qh is element i's fifth bit. A block's 16 quant bytes are two chunks of 8; a thread's
     chunk meets its 8 elements of each half of x."""
@@ -73,9 +77,9 @@ def q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rows, lo, hi, stride_qs, stride_qh
         qh = _per_chunk(qh_ptr, rows, stride_qh, blk, bm, 2)[:, :, :, None]
         w_lo = exact_float((q & 15) | (((qh >> i) & 1) << 4), 16)
         w_hi = exact_float((q >> 4) | (((qh >> (i + 16)) & 1) << 4), 16)
-        x_at = x_ptr + blk[None, :, None, None] * 32 + i + none
-        x_lo = tl.load(x_at, mask=m4, other=0).to(tl.float32)
-        x_hi = tl.load(x_at + 16, mask=m4, other=0).to(tl.float32)
+        x_at = blk[None, :, None, None] * 32 + i + none
+        x_lo = load_x(x_ptr, None, x_at, m4, False, norm_ptr, inv_rms, NORMED)
+        x_hi = load_x(x_ptr, None, x_at + 16, m4, False, norm_ptr, inv_rms, NORMED)
         d = _per_chunk(d_ptr, rows, stride_d, blk, bm, 2).to(tl.float32)
         acc += tl.sum(w_lo * x_lo + w_hi * x_hi, 3) * d
     return tl.sum(tl.sum(acc, 2), 1)

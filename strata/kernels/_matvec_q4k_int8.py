@@ -33,7 +33,7 @@ def q4_k_int8_matvec_kernel(
     SCALAR_SCALES: tl.constexpr = False,
     X_PER_ROW: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
     (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums.
@@ -76,9 +76,8 @@ def q4_k_int8_matvec_kernel(
             acc = _step(acc, x, s, sv, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
                         X_PER_ROW)  # fmt: skip
     acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
-    store_rows(
-        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
-    )
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
 
 
 @triton.jit

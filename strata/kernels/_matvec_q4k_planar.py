@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
-from strata.kernels.activation import load_x
 from strata.kernels.pdl import await_inputs
+from strata.kernels.x_loads import load_x, row_inverse_rms
 
 
 @triton.jit
@@ -45,8 +45,10 @@ def _loads(
 
 @triton.jit
 def _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin,
-          M: tl.constexpr, M_PAD: tl.constexpr, GATED: tl.constexpr):  # fmt: skip
-    """acc (M_PAD, BLOCK_N, NS) += each row's dot with x over sub-blocks s, per sub-block."""
+          M: tl.constexpr, M_PAD: tl.constexpr, GATED: tl.constexpr,
+          norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+    """acc (M_PAD, BLOCK_N, NS) += each row's dot with x over sub-blocks s, per sub-block; x as
+    `x_loads.load_x` loads it."""
     ir = tl.arange(0, 4)
     upper = words >> 12  # nibbles 5-7 at bits 8-19 (the sign fill above bit 19 is masked off)
     d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)  # exact, as dequantize's d * sc
@@ -56,7 +58,7 @@ def _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin,
         dot = tl.zeros(words.shape, tl.float32)
         xsum = tl.zeros((s.shape[0], 4), tl.float32)
         for i in tl.static_range(8):
-            xi = load_x(x_ptr, up_ptr, x_at + 4 * i, sv[:, None], GATED)
+            xi = load_x(x_ptr, up_ptr, x_at + 4 * i, sv[:, None], GATED, norm_ptr, inv_rms, NORMED)
             xsum += xi
             # q * 16^p exactly from the nibble masked in place (p = i, or i - 3 after the shift);
             # x * 16^-p is exact too, so each product is q * x.
@@ -76,10 +78,14 @@ def q4_k_planar_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr,
-    up_ptr=None, GATED: tl.constexpr = False, PDL: tl.constexpr = False,
+    up_ptr=None, GATED: tl.constexpr = False,
+    norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """With GATED, x is silu(x) * up (`activation.load_x`), up laid out like x."""
+    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x; with NORMED (M = 1)
+    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`)."""
     await_inputs(PDL)
+    norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H), NORMED)
     # qs is the int32 view: sub-block s is words 4s..4s+3, and nibble i of word r is element 4i + r.
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -96,15 +102,16 @@ def q4_k_planar_matvec_kernel(
             # The next step's loads (masked off past the end) go out before this step computes.
             sn = s + NS
             w_n, sc_n, mn_n, d_n, dmin_n = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides)
-            acc = _step(acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED)
+            acc = _step(
+                acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED, *norm
+            )
             words, sc, mn, d, dmin = w_n, sc_n, mn_n, d_n, dmin_n
     else:
         for s0 in range(lo, hi, NS):
             s = s0 + js
             sv = s < hi
             words, sc, mn, d, dmin = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides)
-            acc = _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED)
+            acc = _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED, *norm)
     acc = tl.sum(acc, 2)
-    store_rows(
-        y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K
-    )
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip

@@ -31,18 +31,6 @@ def gated_value(g, u, GELU: tl.constexpr):
 
 
 @triton.jit
-def load_x(x_ptr, up_ptr, offsets, mask, GATED: tl.constexpr):
-    """x at `offsets` as float32; with GATED, x is a gate and the value is silu(x) * up, rounded to x's
-    dtype as `silu_mul` stores it (silu has no multiply-add to contract: the same bits under the
-    caller's FMA contraction as under this module's launch without it)."""
-    xv = tl.load(x_ptr + offsets, mask=mask, other=0)
-    if GATED:
-        u = tl.load(up_ptr + offsets, mask=mask, other=0)
-        xv = gated_value(xv.to(tl.float32), u.to(tl.float32), False).to(x_ptr.dtype.element_ty)
-    return xv.to(tl.float32)
-
-
-@triton.jit
 def _gated_act_kernel(
     gate_ptr, up_ptr, out_ptr,
     F,

@@ -104,7 +104,40 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         out.append(
             (f"q6_k_matvec_kernel {name} gated", q6_k_matvec_kernel, gated, {**u8, "sc_ptr": "*i8", **up})
         )
+        # The residual add in the store (`_bits.added`), split-K's last split and not.
+        added = dict(tile, ADD=True)
+        out.append((f"q8_0_matvec_kernel {name} add", q8_0_matvec_kernel, added, {**u8, "qs_ptr": "*i8"}))
+        out.append((f"Q4_K int8 {name} add", q4_k_int8_matvec_kernel, dict(int8, ADD=True), {}))
+        if m == 1:
+            out += normed_variants(tile, name, u8, u8q5)
     return out + matmul_variants() + norm_variants() + attention_variants()
+
+
+def normed_variants(
+    tile: dict[str, Any], name: str, u8: dict[str, str], u8q5: dict[str, str]
+) -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
+    """The fp32-x matvecs with the RMSNorm in their x loads (`x_loads`), at the 0.5B's hidden size."""
+    from strata.kernels._matvec_kquant import q6_k_matvec_kernel
+    from strata.kernels._matvec_legacy import q5_0_matvec_kernel, q8_0_matvec_kernel
+    from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
+
+    normed = dict(tile, NORMED=True, BLOCK_H=1024)
+    norm = {"norm_ptr": "*fp32", "eps": "fp32"}
+    q8_0, q5_0 = {**u8, "qs_ptr": "*i8", **norm}, {**u8q5, **norm}
+    return [
+        (f"q8_0_matvec_kernel {name} normed", q8_0_matvec_kernel, normed, q8_0),
+        (f"q8_0_matvec_kernel {name} normed matched", q8_0_matvec_kernel, dict(normed, MATCHED=True), q8_0),
+        (f"q5_0_matvec_kernel {name} normed", q5_0_matvec_kernel, normed, q5_0),
+        (f"q5_0_matvec_kernel {name} normed flat_acc", q5_0_matvec_kernel, dict(normed, FLAT_ACC=True), q5_0),
+        (f"q5_0_matvec_kernel {name} normed matched", q5_0_matvec_kernel, dict(normed, MATCHED=True), q5_0),
+        (
+            f"Q4_K planar {name} normed prefetch",
+            q4_k_planar_matvec_kernel,
+            dict(normed, PREFETCH=True),
+            {"qs_ptr": "*i32", **norm},
+        ),
+        (f"q6_k_matvec_kernel {name} normed", q6_k_matvec_kernel, normed, {**u8, "sc_ptr": "*i8", **norm}),
+    ]
 
 
 def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:

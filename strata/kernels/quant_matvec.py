@@ -33,6 +33,7 @@ from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
 from strata.kernels.activation import gated_act
 from strata.kernels.pdl import launch_args
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
+from strata.kernels.rms_norm import _MAX_BLOCK, rms_norm
 
 _T = GGMLQuantizationType
 MAX_M = 16
@@ -192,6 +193,8 @@ def quant_matvec(
     up: torch.Tensor | None = None,
     act: str = "silu",
     x_int8: dict[bool, Int8X] | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
+    accumulate: bool = False,
 ) -> torch.Tensor:
     """y = x @ W^T (+ bias) for x (M, k) and a GGUF-quantized W (n, k); returns y (M, n) in x's dtype.
 
@@ -201,6 +204,11 @@ def quant_matvec(
     runs, or (silu) inside the fp32 x loads of Q4_K's planar and Q6_K's kernels (no launch of its own),
     else by that module first. `x_int8`: x already quantized, by order
     (True planar), as `quantize_x` would (e.g. by `rms_norm_int8`); used where the int8 path runs.
+    `norm` (weight (k,), eps): the input is the RMSNorm of x, as `rms_norm.rms_norm` computes it; the
+    kernel normalizes x as it loads it where `takes_norm` says so (1 / rms from the whole row in every
+    program: within fp32 rounding of the norm's own launch, see `x_loads`), else the norm launches
+    first. `accumulate`: out += y (out given; e.g. a residual stream), rounded as torch's `out + y`
+    for y in out's dtype, in the matvec's store.
 
     `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
     `PackedQuantWeight` from `pack_quant_weight` (pack once at load). `out`, when given, is written in
@@ -222,6 +230,8 @@ def quant_matvec(
         raise ValueError(f"x must be (M, {k}) for a weight with k={k}, got {tuple(x.shape)}")
     if up is not None:
         _check_gated(x, up, act)
+    if accumulate and out is None:
+        raise ValueError("accumulate=True adds y to out: pass out (the tensor to add to)")
     m = x.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"x has {m} rows; the fused matvec takes 1 to {MAX_M} (use a GEMM path for more)")
@@ -262,11 +272,18 @@ def quant_matvec(
             f"MatvecConfig.prefetch needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar) or Q6_K with "
             f"int8_x, not {qtype.name} ({packed.layout}) with int8_x={int8_x}"
         )
-    gated_loads: dict[str, object] = {}
+    extra: dict[str, object] = {"ADD": accumulate}
+    if norm is not None:
+        if up is not None:
+            raise ValueError("norm and up cannot go together: the matvec normalizes x or gates it, not both")
+        if m == 1 and not int8_x and _norm_kernel(packed) and k <= _MAX_BLOCK:
+            extra |= _norm_loads(norm, x)
+        else:
+            x = rms_norm(x, *norm)
     if up is not None and not int8_x:
         # SwiGLU inside the fp32 x loads of Q4_K (planar) and Q6_K (the same bits, no launch of its own).
         if (planar or qtype == _T.Q6_K) and act == "silu" and up.stride(0) == x.stride(0):
-            gated_loads = {"up_ptr": up, "GATED": True}
+            extra |= {"up_ptr": up, "GATED": True}
         else:
             x, up = gated_act(x, up, act), None
     if cfg.rows_at_once and not (int8_x and planar):
@@ -293,14 +310,12 @@ def quant_matvec(
             f"kernels (not with int8_x or flat_acc), not {m} rows of {qtype.name} with int8_x={int8_x}, "
             f"flat_acc={cfg.flat_acc}: leave it off there"
         )
-    extra: dict[str, object] = {}
     if planar:
         extra["PREFETCH"] = cfg.prefetch
     elif flat_q5_0:
         extra["FLAT_ACC"] = cfg.flat_acc
     if cfg.matched_loads:
         extra["MATCHED"] = True
-    extra |= gated_loads
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
     # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
@@ -316,7 +331,9 @@ def quant_matvec(
     if int8_x:
         ready = None if x_int8 is None or up is not None else x_int8.get(planar)
         xq = ready if ready is not None else quantize_x(x, planar=planar, up=up, act=act)
-        _int8_matvec(qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg)
+        _int8_matvec(
+            qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg, accumulate
+        )
     else:
         kernel[grid](
             x, *dest, *tensors, n, k, x.stride(0), stride_ys, out.stride(0), *strides,
@@ -325,6 +342,31 @@ def quant_matvec(
             **launch_args(x.device),
         )  # fmt: skip
     return out
+
+
+def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
+    """Whether `quant_matvec(x, w, ..., norm=...)` normalizes x in its own loads (no launch for the
+    norm): one row of 16/32-bit x multiplied as it is (not int8; STRATA_INT8_X) by a Q8_0, Q5_0,
+    Q6_K or planar Q4_K weight, K at most 8,192 (the norm's widest row in one tile)."""
+    int8 = x_dtype != torch.float32 and int8_order(w) is not None
+    return m == 1 and not int8 and _norm_kernel(w) and w.k <= _MAX_BLOCK
+
+
+def _norm_kernel(w: PackedQuantWeight) -> bool:
+    """Whether w's fp32-x kernel takes NORMED loads (`x_loads`)."""
+    return w.layout == "planar" or w.qtype in (_T.Q8_0, _T.Q5_0, _T.Q6_K)
+
+
+def _norm_loads(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> dict[str, object]:
+    """The launch arguments of NORMED loads: the norm's weight, eps and the tile of x's whole row."""
+    weight, eps = norm
+    k = x.shape[1]
+    if weight.shape != (k,) or weight.stride(0) != 1 or weight.device != x.device:
+        raise ValueError(
+            f"norm's weight must be a contiguous ({k},) tensor on {x.device} like x's rows, "
+            f"got {tuple(weight.shape)} on {weight.device}"
+        )
+    return {"norm_ptr": weight, "eps": float(eps), "NORMED": True, "BLOCK_H": triton.next_power_of_2(k)}
 
 
 _LOCKS: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
@@ -428,14 +470,16 @@ def _int8_matvec(
     k: int,
     stride_ys: int,
     cfg: MatvecConfig,
+    accumulate: bool,
 ) -> None:
     """The dp4a matvec of x quantized by `quantize_x` (`x_int8`); `dest` is the kernels' (workspace,
-    out, split locks, bias) arguments."""
+    out, split locks, bias) arguments; `accumulate` adds y to out."""
     xq, xd, xs = x_int8
     m, stride_ym = xq.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
     common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, **cfg.launch_options(), **launch_args(xq.device),
+        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, ADD=accumulate, **cfg.launch_options(),
+        **launch_args(xq.device),
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
         USE_ASM=use_asm(xq),
     )  # fmt: skip

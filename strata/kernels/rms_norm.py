@@ -21,6 +21,13 @@ _MAX_BLOCK = 8192
 
 
 @triton.jit
+def inverse_rms(sum_of_squares, H, eps):
+    """1 / rms of a row of H values from their fp32 sum of squares: the norm's one formula, which
+    `x_loads.row_inverse_rms` (the norm inside a matvec's x loads) shares."""
+    return tl.math.rsqrt(sum_of_squares / H + eps)
+
+
+@triton.jit
 def _load_row(x_row, r_row, cols, mask, HAS_RESIDUAL: tl.constexpr):
     v = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
@@ -52,7 +59,7 @@ def _rms_norm_kernel(
         v = _load_row(x_row, r_row, cols, mask, HAS_RESIDUAL)
         if HAS_RESIDUAL:
             tl.store(r_row + cols, v.to(r_ptr.dtype.element_ty), mask=mask)
-        inv_rms = tl.math.rsqrt(tl.sum(v * v, 0) / H + eps)
+        inv_rms = inverse_rms(tl.sum(v * v, 0), H, eps)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(o_row + cols, (v * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
     else:
@@ -61,7 +68,7 @@ def _rms_norm_kernel(
             mask = start + cols < H
             v = _load_row(x_row + start, r_row + start, cols, mask, HAS_RESIDUAL)
             acc += v * v
-        inv_rms = tl.math.rsqrt(tl.sum(acc, 0) / H + eps)
+        inv_rms = inverse_rms(tl.sum(acc, 0), H, eps)
         # The second pass recomputes x + residual from the inputs instead of reading back what this
         # program stored, so it never depends on one thread seeing another thread's store.
         for start in range(0, H, BLOCK):

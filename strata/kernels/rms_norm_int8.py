@@ -17,7 +17,7 @@ import triton.language as tl
 from strata.kernels._int8_x import Int8X, store_int8
 from strata.kernels.pdl import await_inputs, launch_args
 from strata.kernels.quant_matvec import use_asm
-from strata.kernels.rms_norm import _MAX_BLOCK, _load_row, check_inputs, warps_for
+from strata.kernels.rms_norm import _MAX_BLOCK, _load_row, check_inputs, inverse_rms, warps_for
 
 _SUBS_PER_PROGRAM = 32  # as quantize_x
 
@@ -35,7 +35,7 @@ def _rms_norm_int8_kernel(
     x_row, r_row = x_ptr + row * stride_x, r_ptr + row * stride_r
     cols = tl.arange(0, BLOCK)
     v = _load_row(x_row, r_row, cols, cols < H, HAS_RESIDUAL)
-    inv_rms = tl.math.rsqrt(tl.sum(v * v, 0) / H + eps)
+    inv_rms = inverse_rms(tl.sum(v * v, 0), H, eps)
     n_sub = H // 32
     s = tl.program_id(1) * NSB + tl.arange(0, NSB)
     sv = s < n_sub

@@ -21,6 +21,7 @@ from strata.quant import dequantize
 # strata.kernels needs triton, which a CPU-only install may lack: it is imported only on the kernel path.
 if TYPE_CHECKING:
     from strata.kernels.quant_pack import PackedQuantWeight
+    from strata.layers.norm import RMSNorm
 
 
 # Output rows from which a weight counts as wide (7B: gate+up, the output head; not q, k, v, o, down).
@@ -108,9 +109,22 @@ class QuantLinear(nn.Module):
         bias = shard_bias(bias, split, part, place.tp)
         return cls(raw, info.qtype, shape, place, bias, all_reduce=split == "in", pad=part.pad)
 
-    def forward(self, x: torch.Tensor, up: torch.Tensor | None = None, act: str = "silu") -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        up: torch.Tensor | None = None,
+        act: str = "silu",
+        *,
+        norm: RMSNorm | None = None,
+        add_to: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x W^T + b; with `up`, of the gated activation act(x) * up (`act` "silu" or "gelu_tanh"), which
-        the matvec computes inside x's int8 quantization where it can (`strata.env.act_in_quant`)."""
+        the matvec computes inside x's int8 quantization where it can (`strata.env.act_in_quant`).
+        With `norm`, of norm(x), which the matvec computes as it loads x where it can (`takes_norm`).
+        With `add_to` (the output's shape and dtype), returns add_to after adding the output to it in
+        place, in the matvec's store where it can."""
+        if norm is not None and not self.takes_norm(x):
+            x, norm = norm.normed(x), None
         rows = x.numel() // max(1, x.shape[-1])
         if up is not None and not (
             self.act_in_quant and self.packed is not None and self.pad is None and rows <= self.matvec_rows
@@ -118,14 +132,33 @@ class QuantLinear(nn.Module):
             x, up = gated(act, x, up, self.kernels), None
         if self.pad is not None:
             x = F.pad(x, self.pad)  # (..., in_features): this rank's columns in its window, zeros around
-        y = self._partial(x, up, act)
-        return all_reduce(y, self.tp) if self.all_reduce else y
+        if not self.all_reduce:
+            return self._partial(x, up, act, norm, add_to)
+        y = all_reduce(self._partial(x, up, act), self.tp)
+        return y if add_to is None else add_to.add_(y)
 
-    def _partial(self, x: torch.Tensor, up: torch.Tensor | None = None, act: str = "silu") -> torch.Tensor:
-        """x W^T + b with this rank's W (all of it on one rank); `up` only on the matvec's rows."""
+    def takes_norm(self, x: torch.Tensor) -> bool:
+        """Whether the matvec normalizes x as it loads it (`forward`'s norm): one row of x, this rank's
+        whole row, a type whose fp32-x kernel does it (`quant_matvec.takes_norm`)."""
+        if self.packed is None or self.pad is not None or x.numel() != x.shape[-1]:
+            return False
+        from strata.kernels.quant_matvec import takes_norm
+
+        return takes_norm(self.packed, x.dtype, 1)
+
+    def _partial(
+        self,
+        x: torch.Tensor,
+        up: torch.Tensor | None = None,
+        act: str = "silu",
+        norm: RMSNorm | None = None,
+        add_to: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x W^T + b with this rank's W (all of it on one rank); `up` and `norm` only on the matvec's
+        rows (norm where `takes_norm`); with `add_to`, that plus the output, in place."""
         if self.packed is None:
             assert self.weight is not None
-            return F.linear(x, self.weight, self.bias)
+            return _added(F.linear(x, self.weight, self.bias), add_to)
         from strata.kernels.quant_matvec import attached_int8, quant_matvec
 
         flat = x.reshape(-1, self.in_features)
@@ -133,10 +166,13 @@ class QuantLinear(nn.Module):
             n, k = self.out_features, self.in_features
             gate_up = None if up is None else up.reshape(-1, self.in_features)
             pre = attached_int8(x)  # x quantized by the norm that made it (`RMSNorm.quantize_for`)
+            out = None if add_to is None else add_to.view(-1, n)
             y = quant_matvec(
-                flat, self.packed, self.qtype, n, k, bias=self.bias, up=gate_up, act=act, x_int8=pre
-            )
-        elif flat.shape[0] < self.dense_rows:
+                flat, self.packed, self.qtype, n, k, bias=self.bias, up=gate_up, act=act, x_int8=pre,
+                norm=None if norm is None else (norm.weight, norm.eps), out=out, accumulate=out is not None,
+            )  # fmt: skip
+            return y.view(*x.shape[:-1], self.out_features) if add_to is None else add_to
+        if flat.shape[0] < self.dense_rows:
             from strata.kernels.quant_matmul import quant_matmul
 
             y = quant_matmul(flat, self.packed)
@@ -148,7 +184,7 @@ class QuantLinear(nn.Module):
             from strata.kernels.dequant_packed import dequantize_packed
 
             y = F.linear(flat, dequantize_packed(self.packed, flat.dtype), self.bias)
-        return y.view(*x.shape[:-1], self.out_features)
+        return _added(y.view(*x.shape[:-1], self.out_features), add_to)
 
     def extra_repr(self) -> str:
         path = "fused kernels" if self.packed is not None else "dense"
@@ -158,6 +194,11 @@ class QuantLinear(nn.Module):
         return (
             f"{self.in_features} -> {self.out_features}, {self.qtype.name}, {path}, bias={bias}{reduce}{pad}"
         )
+
+
+def _added(y: torch.Tensor, add_to: torch.Tensor | None) -> torch.Tensor:
+    """y, or add_to after add_to += y (torch's `add_to + y`, as the matvec's store adds)."""
+    return y if add_to is None else add_to.add_(y)
 
 
 def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
@@ -225,12 +266,16 @@ class Projections(nn.Module):
         """The layers `prefix.name` of the file, for each name in order."""
         return cls({n: QuantLinear.load(gguf, f"{prefix}.{n}", place) for n in names}, place)
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> list[torch.Tensor]:
+        """Each projection of x, or with `norm` of norm(x): normalized in each part's matvec loads where
+        every part can (`QuantLinear.takes_norm`), else once, first."""
         parts = list(self.parts.values())
+        if norm is not None and not all(isinstance(p, QuantLinear) and p.takes_norm(x) for p in parts):
+            x, norm = norm.normed(x), None
         if self.concurrent and x.is_cuda and x.numel() // max(1, x.shape[-1]) <= self.matvec_rows:
-            ys = _side_by_side(x, parts)
+            ys = _side_by_side(x, parts, norm)
         else:
-            ys = [part(x) for part in parts]
+            ys = [_run(part, x, norm) for part in parts]
         outs: list[torch.Tensor] = []
         for y, sizes in zip(ys, self.sizes, strict=True):
             outs.extend(y.split(sizes, dim=-1) if len(sizes) > 1 else (y,))
@@ -240,7 +285,7 @@ class Projections(nn.Module):
 _SIDE_STREAMS: dict[torch.device, list[torch.cuda.Stream]] = {}
 
 
-def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module]) -> list[torch.Tensor]:
+def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module], norm: RMSNorm | None) -> list[torch.Tensor]:
     """Each part of x on a stream of its own, the first on the current one, which then waits for the
     others (under graph capture: parallel branches joined again). Every side stream first waits for
     the current one, so it reads x after x is written, and whatever a side stream allocates is used
@@ -254,11 +299,16 @@ def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module]) -> list[torch.Ten
     for i, (part, side) in enumerate(zip(parts[1:], sides, strict=False), start=1):
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            ys[i] = part(x)
-    ys[0] = parts[0](x)
+            ys[i] = _run(part, x, norm)
+    ys[0] = _run(parts[0], x, norm)
     for side in sides[: len(parts) - 1]:
         main.wait_stream(side)
     return ys
+
+
+def _run(part: nn.Module, x: torch.Tensor, norm: RMSNorm | None) -> torch.Tensor:
+    """The part's output for x, or for norm(x) computed in its loads (`QuantLinear.forward`)."""
+    return part(x) if norm is None else part(x, norm=norm)
 
 
 def _stackable(a: QuantLinear, b: QuantLinear) -> bool:

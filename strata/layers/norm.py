@@ -18,14 +18,19 @@ if TYPE_CHECKING:
 class RMSNorm(nn.Module):
     """x / rms(x) * w. GGUF stores Gemma's (1 + w) already folded into w, so one formula serves all."""
 
-    def __init__(self, gguf: GGUFFile, name: str, eps: float, fused: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, eps: float, fused: bool = False) -> None:
+        """`weight` (hidden,) float; `fused`: run the Triton kernels (the GPU's kernel path)."""
         super().__init__()
-        info = gguf.tensor_info(f"{name}.weight")
-        weight = dequantize(gguf.tensor_bytes(info.name), info.qtype, info.shape)
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
         self.eps, self.fused = eps, fused
         # The int8 orders its consumers read (see `quantize_for`); () quantizes nothing here.
         self.int8_orders: tuple[bool, ...] = ()
+
+    @classmethod
+    def load(cls, gguf: GGUFFile, name: str, eps: float, fused: bool = False) -> RMSNorm:
+        """The norm `name` of the file (its `name.weight`)."""
+        info = gguf.tensor_info(f"{name}.weight")
+        return cls(dequantize(gguf.tensor_bytes(info.name), info.qtype, info.shape), eps, fused)
 
     def quantize_for(self, consumers: Projections) -> None:
         """With STRATA_QUANT_IN_NORM=1 on the kernel path, the decode-sized outputs of `add_and_norm`
@@ -51,7 +56,7 @@ class RMSNorm(nn.Module):
         pass on the kernel path (which updates `residual` in place and returns it, or, quantizing for
         int8 projections, returns a new tensor). No delta: no add."""
         if delta is None:
-            return self(residual), residual
+            return self.normed(residual), residual
         if self.fused and self.int8_orders and self._quantizes(delta):
             from strata.kernels.quant_matvec import attach_int8
             from strata.kernels.rms_norm_int8 import rms_norm_int8
@@ -65,6 +70,17 @@ class RMSNorm(nn.Module):
             return rms_norm(delta, self.weight, self.eps, residual=residual), residual
         summed = residual + delta
         return self(summed), summed
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        """norm(x), and on decode rows for int8 projections (`quantize_for`) with its int8
+        quantizations attached, made in the norm's launch."""
+        if self.fused and self.int8_orders and self._quantizes(x):
+            from strata.kernels.quant_matvec import attach_int8
+            from strata.kernels.rms_norm_int8 import rms_norm_int8
+
+            h, _, int8 = rms_norm_int8(x, self.weight, self.eps, self.int8_orders)
+            return attach_int8(h, int8)
+        return self(x)
 
     def _quantizes(self, x: torch.Tensor) -> bool:
         """Whether x's norm is one the int8 matvecs read: decode rows that `rms_norm_int8` takes."""

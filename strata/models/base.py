@@ -33,7 +33,7 @@ class DecoderModel(nn.Module):
         self.token_embd = QuantEmbedding(gguf, "token_embd", place, scale=spec.embed_scale)
         layers = tqdm(range(spec.num_layers), desc="load layers", disable=not progress, leave=False)
         self.blk = nn.ModuleList(self.build_block(gguf, i) for i in layers)
-        self.output_norm = RMSNorm(gguf, "output_norm", spec.rms_eps, place.kernels)
+        self.output_norm = RMSNorm.load(gguf, "output_norm", spec.rms_eps, place.kernels)
         tied = spec.tied_embeddings
         self.output = self.token_embd.as_output_head() if tied else QuantLinear.load(gguf, "output", place)
         head = "token_embd" if tied else "output"

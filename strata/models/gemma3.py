@@ -24,16 +24,16 @@ class Gemma3Block(nn.Module):
         p, eps = f"blk.{layer}", spec.rms_eps
         self.spec = spec
         self.num_heads, self.num_kv_heads = place.tp.local(spec.num_heads), place.tp.local(spec.num_kv_heads)
-        self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", eps, place.kernels)
+        self.attn_norm = RMSNorm.load(gguf, f"{p}.attn_norm", eps, place.kernels)
         self.qkv_proj = Projections.load(gguf, p, ("attn_q", "attn_k", "attn_v"), place)
-        self.attn_q_norm = RMSNorm(gguf, f"{p}.attn_q_norm", eps, place.kernels)
-        self.attn_k_norm = RMSNorm(gguf, f"{p}.attn_k_norm", eps, place.kernels)
+        self.attn_q_norm = RMSNorm.load(gguf, f"{p}.attn_q_norm", eps, place.kernels)
+        self.attn_k_norm = RMSNorm.load(gguf, f"{p}.attn_k_norm", eps, place.kernels)
         self.attn_output = QuantLinear.load(gguf, f"{p}.attn_output", place)
-        self.post_attention_norm = RMSNorm(gguf, f"{p}.post_attention_norm", eps, place.kernels)
-        self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", eps, place.kernels)
+        self.post_attention_norm = RMSNorm.load(gguf, f"{p}.post_attention_norm", eps, place.kernels)
+        self.ffn_norm = RMSNorm.load(gguf, f"{p}.ffn_norm", eps, place.kernels)
         self.gate_up = Projections.load(gguf, p, ("ffn_gate", "ffn_up"), place)
         self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
-        self.post_ffw_norm = RMSNorm(gguf, f"{p}.post_ffw_norm", eps, place.kernels)
+        self.post_ffw_norm = RMSNorm.load(gguf, f"{p}.post_ffw_norm", eps, place.kernels)
         sliding = spec.is_sliding(layer)
         base = spec.local_rope_base if sliding and spec.local_rope_base else spec.rope_base
         # Linear rope scaling applies to the global layers only (as in HF's Gemma 3).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from strata import env
 from strata.engine.kv_cache import AttentionMetadata, KVCache
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
@@ -29,23 +30,25 @@ class LlamaBlock(nn.Module):
         p = f"blk.{layer}"
         self.spec = spec
         self.num_heads, self.num_kv_heads = place.tp.local(spec.num_heads), place.tp.local(spec.num_kv_heads)
-        self.attn_norm = RMSNorm(gguf, f"{p}.attn_norm", spec.rms_eps, place.kernels)
+        self.attn_norm = RMSNorm.load(gguf, f"{p}.attn_norm", spec.rms_eps, place.kernels)
         self.qkv_proj = Projections.load(gguf, p, ("attn_q", "attn_k", "attn_v"), place)
         self.attn_output = QuantLinear.load(gguf, f"{p}.attn_output", place)
-        self.ffn_norm = RMSNorm(gguf, f"{p}.ffn_norm", spec.rms_eps, place.kernels)
+        self.ffn_norm = RMSNorm.load(gguf, f"{p}.ffn_norm", spec.rms_eps, place.kernels)
         self.gate_up = Projections.load(gguf, p, ("ffn_gate", "ffn_up"), place)
         self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
         self.attn_norm.quantize_for(self.qkv_proj)
         self.ffn_norm.quantize_for(self.gate_up)
+        self.norm_in_matvec = place.kernels and env.norm_in_matvec()
         rotary = RotaryEmbedding(spec.rope_dim, spec.rope_base, spec.rope_layout, spec.rope_scale)
         self.attn = Attention(
             layer, self.num_heads, self.num_kv_heads, spec.attn_scale, None, rotary, place.kernels
         )
 
-    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(num_tokens, hidden) -> q (tokens, heads, dim), k and v (tokens, kv_heads, dim), not rotated."""
+    def qkv(self, h: torch.Tensor, norm: RMSNorm | None = None) -> tuple[torch.Tensor, ...]:
+        """(num_tokens, hidden) -> q (tokens, heads, dim), k and v (tokens, kv_heads, dim), not rotated;
+        with `norm`, of norm(h) (`Projections.forward`)."""
         n = h.shape[0]
-        q, k, v = self.qkv_proj(h)
+        q, k, v = self.qkv_proj(h, norm)
         return (
             q.view(n, self.num_heads, self.spec.head_dim),
             k.view(n, self.num_kv_heads, -1),
@@ -54,14 +57,27 @@ class LlamaBlock(nn.Module):
 
     def forward(
         self, x: torch.Tensor, delta: torch.Tensor | None, kv: KVCache, meta: AttentionMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The stream comes in and goes out as x + delta (delta None before the first block), so each
-        residual add is fused into the norm that follows it."""
+        residual add is fused into the norm that follows it; or, for one row under
+        STRATA_NORM_IN_MATVEC, updated in place (`_one_row`)."""
+        if self.norm_in_matvec and x.shape[0] == 1:
+            return self._one_row(x if delta is None else x + delta, kv, meta)
         h, x = self.attn_norm.add_and_norm(delta, x)
         q, k, v = self.qkv(h)
         h, x = self.ffn_norm.add_and_norm(self.attn_output(self.attn(q, k, v, kv, meta)), x)
         gate, up = self.gate_up(h)
         return x, self.ffn_down(gate, up, "silu")
+
+    def _one_row(self, x: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> tuple[torch.Tensor, None]:
+        """The block for one row of x, which it updates in place: each norm computed inside the loads of
+        the projections it feeds, where they can (else launched first), and each residual add inside
+        the store of the projection before it; nothing is left to add (delta None)."""
+        q, k, v = self.qkv(x, self.attn_norm)
+        self.attn_output(self.attn(q, k, v, kv, meta), add_to=x)
+        gate, up = self.gate_up(x, self.ffn_norm)
+        self.ffn_down(gate, up, "silu", add_to=x)
+        return x, None
 
 
 class LlamaModel(DecoderModel):

@@ -15,11 +15,11 @@ from strata.models.llama import LlamaBlock, LlamaModel
 class Qwen3Block(LlamaBlock):
     def __init__(self, gguf: GGUFFile, spec: ModelSpec, layer: int, place: Placement) -> None:
         super().__init__(gguf, spec, layer, place)
-        self.attn_q_norm = RMSNorm(gguf, f"blk.{layer}.attn_q_norm", spec.rms_eps, place.kernels)
-        self.attn_k_norm = RMSNorm(gguf, f"blk.{layer}.attn_k_norm", spec.rms_eps, place.kernels)
+        self.attn_q_norm = RMSNorm.load(gguf, f"blk.{layer}.attn_q_norm", spec.rms_eps, place.kernels)
+        self.attn_k_norm = RMSNorm.load(gguf, f"blk.{layer}.attn_k_norm", spec.rms_eps, place.kernels)
 
-    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        q, k, v = super().qkv(h)
+    def qkv(self, h: torch.Tensor, norm: RMSNorm | None = None) -> tuple[torch.Tensor, ...]:
+        q, k, v = super().qkv(h, norm)
         return self.attn_q_norm(q), self.attn_k_norm(k), v
 
 
