@@ -86,7 +86,7 @@ def configs(
         if layout == "planar" and m == 1:
             flat = replace(int8, flat_acc=True)
             scalar = replace(flat, scalar_scales=True)
-            extra += [flat, scalar, replace(scalar, x_per_row=True)]
+            extra += [flat, scalar, replace(scalar, x_per_row=True), replace(scalar, paired_dm=True)]
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         extra += [MatvecConfig(8, 256, 2, matched_loads=True)] if qtype in (T.Q8_0, T.Q5_0) and m == 1 else []
         if int8_only:
@@ -128,10 +128,12 @@ def configs(
                 flat = MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True)
                 out.append(replace(flat, scalar_scales=True))
                 out.append(replace(flat, scalar_scales=True, x_per_row=True))
-                if bk >= 1024:  # the long steps (the default's): next weights in flight, registers capped
+                if bk >= 1024:  # the long steps (the default's): next weights in flight, registers capped,
+                    # d and dmin in one load
                     scalar = replace(flat, scalar_scales=True)
                     out += [replace(scalar, prefetch=True), replace(scalar, max_registers=96)]
                     out.append(replace(scalar, prefetch=True, max_registers=96))
+                    out += [replace(scalar, paired_dm=True), replace(scalar, paired_dm=True, prefetch=True)]
             if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8 is None:  # and every load in one layout
                 out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
     if tensor_core:
@@ -189,8 +191,8 @@ def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, cal
 def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
     """The matvecs' load layouts compared (int8 Q4_K and Q6_K: scales vectorized or in the words'
     layout, x converted or loaded per row, Q4_K's long steps also with the next step's weights
-    prefetched and registers capped; fp32 Q8_0 and Q5_0: matched loads or not): the best time
-    of each and the default tile's in each (us), int8 and fp32-x configs apart."""
+    prefetched, registers capped or d and dmin paired; fp32 Q8_0 and Q5_0: matched loads or not): the
+    best time of each and the default tile's in each (us), int8 and fp32-x configs apart."""
     groups: dict[str, list[float]] = {}
     at_default: dict[str, float] = {}
     for cfg, us in timed:
@@ -203,6 +205,7 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
         key += " matched" if cfg.matched_loads else ""
         key += " prefetch" if cfg.prefetch else ""
         key += f" maxnreg {cfg.max_registers}" if cfg.max_registers else ""
+        key += " paired_dm" if cfg.paired_dm else ""
         groups.setdefault(key, []).append(us)
         if isinstance(default, MatvecConfig) and (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (
             default.block_n,

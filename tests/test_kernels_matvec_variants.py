@@ -200,3 +200,37 @@ def test_matched_loads_match_reference(qtype: T, n: int, k: int, split_k: int, d
 def test_q5_0_flat_accumulator_matches_reference(n: int, k: int, split_k: int):
     # fp32 sums in another order than the per-step reductions: `check`'s reference tolerance applies.
     check(T.Q5_0, 1, n, k, torch.bfloat16, MatvecConfig(8, 128, split_k, flat_acc=True))
+
+
+PAIRED_DM_CONFIGS = [
+    MatvecConfig(8, 256, 2, int8_x=False),  # the fp32-x planar kernel
+    MatvecConfig(8, 256, 1, int8_x=False, prefetch=True),
+    MatvecConfig(8, 512, 2, int8_x=True, flat_acc=True, scalar_scales=True),  # the 7B's tile family
+    MatvecConfig(8, 256, 1, int8_x=True, flat_acc=True, prefetch=True),
+    MatvecConfig(8, 256, 2, int8_x=True, rows_at_once=True),
+]
+
+
+# flat_acc is a one-row variant.
+PAIRED_DM_CASES = [(c, m) for c in PAIRED_DM_CONFIGS for m in (1, 3) if m == 1 or not c.flat_acc]
+
+
+@pytest.mark.parametrize("config,m", PAIRED_DM_CASES, ids=range(len(PAIRED_DM_CASES)))
+def test_paired_dm_loads_the_same_scales(config: MatvecConfig, m: int):
+    # d and dmin from one 32-bit word instead of two 16-bit loads: the same values, so the same sums
+    # bit for bit (the same kernel otherwise). Five super-blocks of rows that are not a tile multiple.
+    n, k = 37, 5 * 256
+    packed = pack_quant_weight(random_weight(T.Q4_K, n, k, seed=40 + m).to(DEVICE), T.Q4_K, n, k, "planar")
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    expected = quant_matvec(x, packed, T.Q4_K, n, k, config=config)
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
+    got = quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(config, paired_dm=True))
+    assert torch.equal(got, expected)
+
+
+def test_paired_dm_needs_the_planar_layout():
+    raw = random_weight(T.Q6_K, 4, 256, seed=2).to(DEVICE)
+    with pytest.raises(ValueError, match="paired_dm is implemented in Q4_K's planar kernels only, not Q6_K"):
+        quant_matvec(
+            torch.randn(1, 256, device=DEVICE), raw, T.Q6_K, 4, 256, config=MatvecConfig(paired_dm=True)
+        )

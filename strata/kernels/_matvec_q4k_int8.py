@@ -33,6 +33,7 @@ def q4_k_int8_matvec_kernel(
     SCALAR_SCALES: tl.constexpr = False,
     X_PER_ROW: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
+    PAIRED_DM: tl.constexpr = False,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
@@ -41,7 +42,7 @@ def q4_k_int8_matvec_kernel(
     X_PER_ROW (one row at a time): x's words loaded in the words' layout (`_row_part`); the same sums.
     PREFETCH: each step's weight loads go out before the step before it computes (two steps of
     weights in flight per thread instead of one; Triton pipelines no load of a loop without a dot):
-    the same sums."""
+    the same sums. PAIRED_DM: d and dmin from one 32-bit load (`_loads`); the same sums."""
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
@@ -55,13 +56,13 @@ def q4_k_int8_matvec_kernel(
     if PREFETCH:
         s = lo + js
         words, sc, mn, d, dmin = _loads(
-            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES
+            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES, PAIRED_DM
         )
         for s0 in range(lo, hi, NS):
             s = s0 + js
             sn = s + NS  # the next step's loads (masked off past the end)
             w_n, sc_n, mn_n, d_n, dmin_n = _loads(
-                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, SCALAR_SCALES
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, SCALAR_SCALES, PAIRED_DM
             )
             acc = _step(acc, x, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
                         X_PER_ROW)  # fmt: skip
@@ -71,7 +72,7 @@ def q4_k_int8_matvec_kernel(
             s = s0 + js
             sv = s < hi
             words, sc, mn, d, dmin = _loads(
-                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, SCALAR=SCALAR_SCALES
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, SCALAR=SCALAR_SCALES, PAIRED_DM=PAIRED_DM
             )  # words (BLOCK_N, NS, 4)
             acc = _step(acc, x, s, sv, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
                         X_PER_ROW)  # fmt: skip

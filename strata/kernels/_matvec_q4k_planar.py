@@ -19,14 +19,16 @@ from strata.kernels.x_loads import load_x, row_inverse_rms
 @triton.jit
 def _loads(
     qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, stride_qs, stride_sc, stride_mn, stride_dm,
-    SCALAR: tl.constexpr = False,
+    SCALAR: tl.constexpr = False, PAIRED_DM: tl.constexpr = False,
 ):  # fmt: skip
     """The raw planes of sub-blocks s (NS,) of rows rc: words (BLOCK_N, NS, 4), sc, mn, d, dmin.
 
     SCALAR: the scales' offsets pass through a select, which hides their contiguity from Triton, so
     their loads are not vectorized and take the thread layout of the words' (one sub-block a thread):
     the products of words and scales then need no layout conversion (shared memory and two barriers)
-    on every step. The same values are loaded."""
+    on every step. PAIRED_DM: dm_ptr is the dm plane's int32 view (stride_dm in words), and d, dmin
+    (side by side, d in the low half) come from one 32-bit load instead of two 16-bit ones. The same
+    values are loaded either way."""
     ir = tl.arange(0, 4)
     words = tl.load(
         qs_ptr + rc[:, None, None] * stride_qs + 4 * s[None, :, None] + ir[None, None, :],
@@ -37,9 +39,14 @@ def _loads(
         s = tl.where(sv, s, 0)
     sc = tl.load(sc_ptr + rc[:, None] * stride_sc + s[None, :], mask=sv[None, :], other=0)
     mn = tl.load(mn_ptr + rc[:, None] * stride_mn + s[None, :], mask=sv[None, :], other=0)
-    dm_at = dm_ptr + rc[:, None] * stride_dm + (s // 8)[None, :] * 2
-    d = tl.load(dm_at, mask=sv[None, :], other=0)
-    dmin = tl.load(dm_at + 1, mask=sv[None, :], other=0)
+    if PAIRED_DM:
+        pair = tl.load(dm_ptr + rc[:, None] * stride_dm + (s // 8)[None, :], mask=sv[None, :], other=0)
+        d = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+        dmin = ((pair >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    else:
+        dm_at = dm_ptr + rc[:, None] * stride_dm + (s // 8)[None, :] * 2
+        d = tl.load(dm_at, mask=sv[None, :], other=0)
+        dmin = tl.load(dm_at + 1, mask=sv[None, :], other=0)
     return words, sc, mn, d, dmin
 
 
@@ -77,13 +84,13 @@ def q4_k_planar_matvec_kernel(
     N, K,
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_mn, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, PAIRED_DM: tl.constexpr = False,
     up_ptr=None, GATED: tl.constexpr = False,
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x; with NORMED (M = 1)
-    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`)."""
+    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`). PAIRED_DM: see `_loads`."""
     await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H), NORMED)
     # qs is the int32 view: sub-block s is words 4s..4s+3, and nibble i of word r is element 4i + r.
@@ -96,12 +103,16 @@ def q4_k_planar_matvec_kernel(
     acc = tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
     if PREFETCH:
         s = lo + js
-        words, sc, mn, d, dmin = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides)
+        words, sc, mn, d, dmin = _loads(
+            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, False, PAIRED_DM
+        )
         for s0 in range(lo, hi, NS):
             s = s0 + js
             # The next step's loads (masked off past the end) go out before this step computes.
             sn = s + NS
-            w_n, sc_n, mn_n, d_n, dmin_n = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides)
+            w_n, sc_n, mn_n, d_n, dmin_n = _loads(
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, False, PAIRED_DM
+            )
             acc = _step(
                 acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED, *norm
             )
@@ -110,7 +121,9 @@ def q4_k_planar_matvec_kernel(
         for s0 in range(lo, hi, NS):
             s = s0 + js
             sv = s < hi
-            words, sc, mn, d, dmin = _loads(qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides)
+            words, sc, mn, d, dmin = _loads(
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, False, PAIRED_DM
+            )
             acc = _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED, *norm)
     acc = tl.sum(acc, 2)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,

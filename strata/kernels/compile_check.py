@@ -74,6 +74,10 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             out.append((f"Q4_K int8 {name} flat_acc scalar_scales x_per_row", q4k, both, {}))
             ahead = dict(flat, SCALAR_SCALES=True, PREFETCH=True)
             out.append((f"Q4_K int8 {name} flat_acc scalar_scales prefetch", q4k, ahead, {}))
+            paired = dict(flat, SCALAR_SCALES=True, PAIRED_DM=True)
+            out.append(
+                (f"Q4_K int8 {name} flat_acc scalar_scales paired_dm", q4k, paired, {"dm_ptr": "*i32"})
+            )
             # Programmatic dependent launch (strata.kernels.pdl): main() checks the PTX's wait and, at
             # PDL 2, the weight prefetches before it.
             out.append((f"Q4_K int8 {name} flat_acc pdl", q4k, dict(flat, PDL=True), {}))
@@ -96,6 +100,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             )
         planar = q4_k_planar_matvec_kernel
         out.append((f"Q4_K planar {name}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
+        paired = dict(tile, PREFETCH=False, PAIRED_DM=True)
+        out.append((f"Q4_K planar {name} paired_dm", planar, paired, {"qs_ptr": "*i32", "dm_ptr": "*i32"}))
         # SwiGLU in the x loads (`activation.load_x`): the down projection's gate and up.
         gated, up = dict(tile, GATED=True), {"up_ptr": "*bf16"}
         out.append(
