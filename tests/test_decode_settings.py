@@ -1,6 +1,7 @@
-"""Decode-path settings that must not change a token, each run against one run of the defaults on the
+"""Decode-path settings that must not change a bit, each run against one run of the defaults on the
 same synthetic model (kernel path, bf16, llama blocks; Q8_0 weights on int8 x, as gguf writes no
-K-quants), made once for the module: an interpreted run takes about 14 s.
+K-quants), made once for the module: an interpreted run takes about 14 s. The ids and every step's
+logits are compared.
 
 - STRATA_QUANT_IN_NORM=0: the int8 matvecs quantize x in launches of their own (default: the norms do)
 - STRATA_ACT_IN_QUANT=0: the gated activation launched on its own (default: inside x's quantization)
@@ -26,6 +27,7 @@ if not torch.cuda.is_available():  # before any kernel module is imported (see t
 import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 
+import strata.engine.llm_engine as llm_engine  # noqa: E402
 import strata.kernels.paged_attention as paged_attention  # noqa: E402
 import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
 import strata.kernels.rms_norm as rms_norm  # noqa: E402
@@ -42,6 +44,7 @@ class Run:
     quantize_x: int = 0  # quantize_x launches
     gated: int = 0  # gated activations launched on their own
     norms: int = 0  # rms_norm launches
+    logits: list[torch.Tensor] = field(default_factory=list)  # each step's, as the sampler gets them
     attention: list[dict[str, Any]] = field(default_factory=list)  # each paged_decode_attention's kwargs
 
 
@@ -56,7 +59,7 @@ def decode(path: Path, **settings: str) -> Run:
             mp.setenv(f"STRATA_{name}", value)
         quantize, gated = quant_matvec.quantize_x, linear.gated
         attend = paged_attention.paged_decode_attention
-        norm = rms_norm.rms_norm
+        norm, sample = rms_norm.rms_norm, llm_engine.sample_batch
 
         def count_quantize(*args, **kwargs):
             run.quantize_x += 1
@@ -70,6 +73,10 @@ def decode(path: Path, **settings: str) -> Run:
             run.norms += 1
             return norm(*args, **kwargs)
 
+        def record_logits(logits, *args):
+            run.logits.append(logits.clone())
+            return sample(logits, *args)
+
         def record_attention(*args, **kwargs):
             run.attention.append(kwargs)
             return attend(*args, **kwargs)
@@ -78,9 +85,19 @@ def decode(path: Path, **settings: str) -> Run:
         mp.setattr(linear, "gated", count_gated)
         mp.setattr(paged_attention, "paged_decode_attention", record_attention)
         mp.setattr(rms_norm, "rms_norm", count_norm)
+        mp.setattr(llm_engine, "sample_batch", record_logits)
         mp.setattr(quant_matvec, "rms_norm", count_norm)
         run.ids = greedy_kernel_path(path, DEVICE)
     return run
+
+
+def assert_same_bits(run: Run, expected: Run) -> None:
+    """The same ids and every step's logits bit for bit (this random model's ids hardly move with its
+    hidden states; its logits do)."""
+    assert run.ids == expected.ids
+    assert len(run.logits) == len(expected.logits) == len(run.ids)
+    for step, (a, b) in enumerate(zip(run.logits, expected.logits, strict=True)):
+        assert torch.equal(a, b), f"step {step}'s logits differ"
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +116,13 @@ def defaults(model: Path) -> Run:
 
 def test_quantization_in_the_norm(model: Path, defaults: Run):
     separate = decode(model, QUANT_IN_NORM="0")
-    assert separate.ids == defaults.ids
+    assert_same_bits(separate, defaults)
     assert defaults.quantize_x < separate.quantize_x  # decode's q/k/v and gate/up inputs came quantized
 
 
 def test_activation_in_the_quantization(model: Path, defaults: Run):
     separate = decode(model, ACT_IN_QUANT="0")
-    assert separate.ids == defaults.ids
+    assert_same_bits(separate, defaults)
     assert defaults.gated < separate.gated  # decode's activations went into the quantization
 
 
@@ -114,7 +131,7 @@ def test_live_splits(model: Path, defaults: Run):
     # splits each takes one split, written by the split kernel (the merge skipped), the same bits as
     # the merge of one filled split and empty ones.
     live = decode(model, LIVE_SPLITS="1")
-    assert live.ids == defaults.ids
+    assert_same_bits(live, defaults)
     assert defaults.attention and all(kw["min_split_len"] == 1 for kw in defaults.attention)
     least = paged_attention.MIN_SPLIT_LEN
     assert live.attention and all(kw["min_split_len"] == least for kw in live.attention)
@@ -124,7 +141,7 @@ def test_live_splits(model: Path, defaults: Run):
 def test_rope_in_attention(model: Path, defaults: Run):
     # Decode steps take the fused path (the attention gets new_kv); prefill keeps rotary_kv_write.
     fused = decode(model, ROPE_IN_ATTENTION="1")
-    assert fused.ids == defaults.ids
+    assert_same_bits(fused, defaults)
     assert defaults.attention and all(kw.get("new_kv") is None for kw in defaults.attention)
     assert fused.attention and all(kw.get("new_kv") is not None for kw in fused.attention)
 
@@ -133,7 +150,7 @@ def test_short_context_bound(model: Path, defaults: Run):
     # STRATA_SHORT_GRAPHS=256: these short contexts are split by a bound of 256 positions (one split,
     # no merge) instead of the model's 2,048 (here one filled split of eight): the same bits.
     short = decode(model, SHORT_GRAPHS="256")
-    assert short.ids == defaults.ids
+    assert_same_bits(short, defaults)
     assert {kw["max_context_len"] for kw in defaults.attention} == {2048}
     assert {kw["max_context_len"] for kw in short.attention} == {256}
 
@@ -145,6 +162,6 @@ def test_norm_in_matvec(model: Path):
     # loads is the norm kernel's bit for bit (on a GPU within fp32 rounding: tests/test_norm_in_matvec).
     plain = decode(model, INT8_X="none")
     fused = decode(model, INT8_X="none", NORM_IN_MATVEC="1")
-    assert fused.ids == plain.ids
+    assert_same_bits(fused, plain)
     decode_steps, layers = 2, 2
     assert plain.norms - fused.norms == decode_steps * layers * 2

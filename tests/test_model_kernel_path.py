@@ -213,14 +213,43 @@ def test_gpu_concurrent_projections_keep_the_tokens(monkeypatch, tmp_path: Path)
     assert bf16_ids(path, cuda_graphs=False) == expected
 
 
+def one_row_logits(monkeypatch, path: Path, **engine: object) -> tuple[list[int], list[torch.Tensor]]:
+    """One prompt's 32 greedy tokens on the GPU in bf16 (every decode step one row) and the logits the
+    sampler got at each step."""
+    import strata.engine.llm_engine as llm_engine
+
+    gguf = GGUFFile(path)
+    model = build_model(gguf, ModelSpec.from_gguf(gguf), dtype=torch.bfloat16, device="cuda")
+    e = LLMEngine(model, Tokenizer.from_gguf(gguf.metadata), EngineConfig(num_blocks=64, **engine))  # type: ignore[arg-type]
+    logits: list[torch.Tensor] = []
+    sample = llm_engine.sample_batch
+    monkeypatch.setattr(
+        llm_engine, "sample_batch", lambda lg, *a: logits.append(lg.clone()) or sample(lg, *a)
+    )
+    request = e.add_request(
+        [(11 * j) % 200 + 3 for j in range(21)], SamplingParams(max_tokens=32, ignore_eos=True)
+    )
+    while e.has_unfinished():
+        e.step()
+    monkeypatch.setattr(llm_engine, "sample_batch", sample)
+    return list(request.output_ids), logits
+
+
 @cuda_only
-def test_gpu_norm_in_matvec_runs_alike_in_graphs(monkeypatch, tmp_path: Path) -> None:
-    # STRATA_NORM_IN_MATVEC with int8 x off (the 0.5B layout's Q8_0/Q5_0 q/k/v and gate/up take the
-    # norms in their loads; its Q4_K/Q6_K down adds the residual in its store): captured graphs and
-    # eager steps run the same kernels, so the same ids. Against the norms' own launches the 1 / rms
-    # is reduced in another order (tests/test_norm_in_matvec.py holds it to a tolerance), so the ids
-    # against those are `strata bench ab`'s gate, not this test's.
+def test_gpu_norm_in_matvec_keeps_the_logits(monkeypatch, tmp_path: Path) -> None:
+    # STRATA_NORM_IN_MATVEC with int8 x off: the 0.5B layout's Q8_0/Q5_0 q/k/v and gate/up take the
+    # norms in their loads, its o and Q4_K/Q6_K down add the residual in their stores. Graphs and eager
+    # steps run the same kernels: the same ids and logits. Against the norms' own launches the 1 / rms
+    # is reduced in another order: the first decode step's logits (after the same prefill) within 5 %
+    # of their largest value, where a norm left out or a residual added twice moves them by far more.
     path = tiny(tmp_path, "qwen2.5-0.5b-tiny")
     monkeypatch.setenv("STRATA_INT8_X", "none")
+    _, plain = one_row_logits(monkeypatch, path)
     monkeypatch.setenv("STRATA_NORM_IN_MATVEC", "1")
-    assert bf16_ids(path) == bf16_ids(path, cuda_graphs=False)
+    ids, fused = one_row_logits(monkeypatch, path)
+    eager_ids, eager = one_row_logits(monkeypatch, path, cuda_graphs=False)
+    assert ids == eager_ids
+    assert all(torch.equal(a, b) for a, b in zip(fused, eager, strict=True))
+    assert torch.equal(fused[0], plain[0])  # the prefill's: no one-row step yet
+    scale = plain[1].abs().max().item()
+    torch.testing.assert_close(fused[1], plain[1], rtol=0, atol=0.05 * scale)

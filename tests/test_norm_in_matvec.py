@@ -197,3 +197,21 @@ def rms_norm_module():
     import strata.kernels.rms_norm as module
 
     return module
+
+
+def test_row_parallel_layers_and_int8_copies_take_the_norm_first(monkeypatch):
+    # A row-parallel layer (all_reduce: its x is a rank's part of the row, whose norm the loads cannot
+    # take) normalizes first; so does an int8 matvec handed x's int8 copy, which is dropped (it was
+    # made from x, not from the norm).
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
+    n, k = 24, 512
+    x, w = row_and_weight(k, seed=14)
+    normed = rms_norm(x, w, EPS)
+    layer = QuantLinear(random_weight(T.Q8_0, n, k, seed=15), T.Q8_0, (n, k), place, all_reduce=True)
+    assert not layer.takes_norm(x)
+    assert torch.equal(layer(x, norm=RMSNorm(w, EPS, fused=True)), layer(normed))
+    packed = pack_quant_weight(random_weight(T.Q4_K, n, k, seed=16).to(DEVICE), T.Q4_K, n, k)
+    stale = {True: quant_matvec.quantize_x(x, planar=True)}
+    got = quant_matvec.quant_matvec(x, packed, T.Q4_K, n, k, x_int8=stale, norm=(w, EPS))
+    assert torch.equal(got, quant_matvec.quant_matvec(normed, packed, T.Q4_K, n, k))

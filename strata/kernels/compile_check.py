@@ -102,7 +102,7 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         out.append((f"Q4_K planar {name}", planar, dict(tile, PREFETCH=split > 1), {"qs_ptr": "*i32"}))
         paired = dict(tile, PREFETCH=False, PAIRED_DM=True)
         out.append((f"Q4_K planar {name} paired_dm", planar, paired, {"qs_ptr": "*i32", "dm_ptr": "*i32"}))
-        # SwiGLU in the x loads (`activation.load_x`): the down projection's gate and up.
+        # SwiGLU in the x loads (`x_loads.load_x`): the down projection's gate and up.
         gated, up = dict(tile, GATED=True), {"up_ptr": "*bf16"}
         out.append(
             (f"Q4_K planar {name} gated", planar, dict(gated, PREFETCH=False), {"qs_ptr": "*i32", **up})

@@ -283,7 +283,7 @@ def quant_matvec(
         if m == 1 and not int8_x and _norm_kernel(packed) and k <= _MAX_BLOCK:
             extra |= _norm_loads(norm, x)
         else:
-            x = rms_norm(x, *norm)
+            x, x_int8 = rms_norm(x, *norm), None  # an int8 copy given was made from x, not its norm
     if up is not None and not int8_x:
         # SwiGLU inside the fp32 x loads of Q4_K (planar) and Q6_K (the same bits, no launch of its own).
         if (planar or qtype == _T.Q6_K) and act == "silu" and up.stride(0) == x.stride(0):

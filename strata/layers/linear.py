@@ -123,7 +123,7 @@ class QuantLinear(nn.Module):
         With `norm`, of norm(x), which the matvec computes as it loads x where it can (`takes_norm`).
         With `add_to` (the output's shape and dtype), returns add_to after adding the output to it in
         place, in the matvec's store where it can."""
-        if norm is not None and not self.takes_norm(x):
+        if norm is not None and (up is not None or not self.takes_norm(x)):
             x, norm = norm.normed(x), None
         rows = x.numel() // max(1, x.shape[-1])
         if up is not None and not (
@@ -138,9 +138,9 @@ class QuantLinear(nn.Module):
         return y if add_to is None else add_to.add_(y)
 
     def takes_norm(self, x: torch.Tensor) -> bool:
-        """Whether the matvec normalizes x as it loads it (`forward`'s norm): one row of x, this rank's
-        whole row, a type whose fp32-x kernel does it (`quant_matvec.takes_norm`)."""
-        if self.packed is None or self.pad is not None or x.numel() != x.shape[-1]:
+        """Whether the matvec normalizes x as it loads it (`forward`'s norm): one row of x, whole (not a
+        row-parallel rank's part of it), a type whose fp32-x kernel does it (`quant_matvec.takes_norm`)."""
+        if self.packed is None or self.pad is not None or self.all_reduce or x.numel() != x.shape[-1]:
             return False
         from strata.kernels.quant_matvec import takes_norm
 
