@@ -68,11 +68,12 @@ CASES = [
 
 
 @pytest.mark.parametrize(("qtype", "config"), CASES, ids=[f"{t.name}-{i}" for i, (t, _) in enumerate(CASES)])
-def test_norm_in_the_loads_equals_the_norm_first(monkeypatch, qtype, config):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_norm_in_the_loads_equals_the_norm_first(monkeypatch, qtype, config, dtype):
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
     monkeypatch.setenv("STRATA_INT8_X", "none")
     n, k = 40, 1280
-    x, w = row_and_weight(k, seed=1)
+    x, w = row_and_weight(k, seed=1, dtype=dtype)
     packed = pack_quant_weight(random_weight(qtype, n, k, seed=2).to(DEVICE), qtype, n, k)
     assert takes_norm(packed, x.dtype, 1)
     expected = quant_matvec.quant_matvec(rms_norm(x, w, EPS), packed, qtype, n, k, config=config)
@@ -82,6 +83,18 @@ def test_norm_in_the_loads_equals_the_norm_first(monkeypatch, qtype, config):
     got = quant_matvec.quant_matvec(x, packed, qtype, n, k, config=config, norm=(w, EPS))
     assert launched == []  # normalized in the loads
     assert_close_or_equal(got, expected)
+
+
+def test_fp32_x_takes_the_norm_in_its_loads(monkeypatch):
+    # fp32 x is never int8: every type that takes NORMED loads takes it, Q4_K and Q6_K included.
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    n, k = 16, 512
+    x, w = row_and_weight(k, seed=17, dtype=torch.float32)
+    for qtype in (T.Q5_0, T.Q4_K, T.Q6_K):
+        packed = pack_quant_weight(random_weight(qtype, n, k, seed=18).to(DEVICE), qtype, n, k)
+        assert takes_norm(packed, x.dtype, 1)
+        expected = quant_matvec.quant_matvec(rms_norm(x, w, EPS), packed, qtype, n, k)
+        assert_close_or_equal(quant_matvec.quant_matvec(x, packed, qtype, n, k, norm=(w, EPS)), expected)
 
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
