@@ -94,6 +94,16 @@ def norm_in_matvec() -> bool:
     return _level("STRATA_NORM_IN_MATVEC", "0", ("0", "1")) == "1"
 
 
+def widen_to_stack() -> bool:
+    """STRATA_WIDEN_TO_STACK=1 (opt-in until timed): on the GPU kernel path, projections of one input
+    whose weights are Q5_0 and Q8_0 (the 0.5B's q+k and v in half its layers) are stacked into one
+    launch after rewriting the Q5_0 blocks as Q8_0 blocks of the same values (`quant_pack.widen_q5_0`:
+    34 bytes a block instead of 22, about 0.34 MB more per such 0.5B layer) instead of launching
+    each type apart. The same weights; the Q8_0 kernel sums a block's 32 products in another order
+    than the Q5_0 kernel's two halves (fp32 rounding apart, the same values)."""
+    return _level("STRATA_WIDEN_TO_STACK", "0", ("0", "1")) == "1"
+
+
 def live_splits() -> bool:
     """STRATA_LIVE_SPLITS=1 (opt-in until timed): the GPU's paged decode attention runs, of the split
     count fixed on the host (for the longest context a captured graph allows), at most one split per

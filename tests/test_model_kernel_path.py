@@ -253,3 +253,16 @@ def test_gpu_norm_in_matvec_keeps_the_logits(monkeypatch, tmp_path: Path) -> Non
     assert torch.equal(fused[0], plain[0])  # the prefill's: no one-row step yet
     scale = plain[1].abs().max().item()
     torch.testing.assert_close(fused[1], plain[1], rtol=0, atol=0.05 * scale)
+
+
+@cuda_only
+def test_gpu_widen_to_stack_keeps_the_logits(monkeypatch, tmp_path: Path) -> None:
+    # STRATA_WIDEN_TO_STACK: the 0.5B layout's layer 0 has Q5_0 q+k and a Q8_0 v, stacked into one
+    # launch as Q8_0 (the same weights, each block's products summed in another order): the
+    # prefill's logits within 5 % of their largest value of the layers as stored.
+    path = tiny(tmp_path, "qwen2.5-0.5b-tiny")
+    _, apart = one_row_logits(monkeypatch, path)
+    monkeypatch.setenv("STRATA_WIDEN_TO_STACK", "1")
+    _, stacked = one_row_logits(monkeypatch, path)
+    scale = apart[0].abs().max().item()
+    torch.testing.assert_close(stacked[0], apart[0], rtol=0, atol=0.05 * scale)

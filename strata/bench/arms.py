@@ -24,6 +24,7 @@ ENV_OPTIONS = {
     "short_graphs": "STRATA_SHORT_GRAPHS",
     "split_programs": "STRATA_SPLIT_PROGRAMS",
     "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
+    "widen_to_stack": "STRATA_WIDEN_TO_STACK",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

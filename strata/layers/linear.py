@@ -237,6 +237,8 @@ class Projections(nn.Module):
 
     def __init__(self, layers: dict[str, QuantLinear], place: Placement) -> None:
         super().__init__()
+        if place.kernels and env.widen_to_stack():
+            layers = _widened(layers, place)
         runs: list[list[str]] = []
         for name, layer in layers.items():
             prev = layers[runs[-1][-1]] if runs else None
@@ -309,6 +311,29 @@ def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module], norm: RMSNorm | N
 def _run(part: nn.Module, x: torch.Tensor, norm: RMSNorm | None) -> torch.Tensor:
     """The part's output for x, or for norm(x) computed in its loads (`QuantLinear.forward`)."""
     return part(x) if norm is None else part(x, norm=norm)
+
+
+def _widened(layers: dict[str, QuantLinear], place: Placement) -> dict[str, QuantLinear]:
+    """The layers with each Q5_0 one rewritten as Q8_0 (`quant_pack.widen_q5_0`, the same values) where
+    they are all packed and unpadded, of one input size, and of these two types only, so that they
+    stack into one launch (STRATA_WIDEN_TO_STACK); else the layers as they are."""
+    parts = list(layers.values())
+    if {x.qtype for x in parts} != {GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0} or not all(
+        x.packed is not None and x.pad is None and x.in_features == parts[0].in_features for x in parts
+    ):
+        return layers
+    from strata.kernels.quant_pack import widen_q5_0
+
+    out = {}
+    for name, x in layers.items():
+        if x.qtype == GGMLQuantizationType.Q5_0 and x.packed is not None:
+            bias = None if x.bias is None else x.bias.data
+            shape = (x.out_features, x.in_features)
+            x = QuantLinear(
+                widen_q5_0(x.packed), GGMLQuantizationType.Q8_0, shape, place, bias, dense=x.dense
+            )
+        out[name] = x
+    return out
 
 
 def _stackable(a: QuantLinear, b: QuantLinear) -> bool:
