@@ -102,8 +102,15 @@ def _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
         d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
         d = d.to(tl.float32)
         for m in tl.static_range(M):
-            x_at = m * stride_xm + blk[:, None] * 32 + ij[None, :]
-            xv = load_x(x_ptr, None, x_at, bm[:, None], False, norm_ptr, inv_rms, NORMED)
+            if NORMED:  # one row: x's column offsets are the norm weight's
+                xv = load_x(
+                    x_ptr, None, blk[:, None] * 32 + ij[None, :], bm[:, None], False, norm_ptr, inv_rms, True
+                )
+            else:  # the loop's own address arithmetic (that of load_x compiles to more instructions here)
+                xv = tl.load(
+                    x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :], mask=bm[:, None], other=0
+                )
+                xv = xv.to(tl.float32)
             part = tl.sum(tl.sum(w * xv[None, :, :], 2) * d, 1)
             acc = add_to_row(acc, part, m, M_PAD)
     return acc
@@ -133,9 +140,14 @@ def _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, s
         d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
         d = d.to(tl.float32)
         for m in tl.static_range(M):
-            x_at = m * stride_xm + blk[:, None] * 32 + ij[None, :]
-            x_lo = load_x(x_ptr, None, x_at, bm[:, None], False, norm_ptr, inv_rms, NORMED)[None, :, :]
-            x_hi = load_x(x_ptr, None, x_at + 16, bm[:, None], False, norm_ptr, inv_rms, NORMED)[None, :, :]
+            if NORMED:  # as in _q8_0_rows
+                x_at = blk[:, None] * 32 + ij[None, :]
+                x_lo = load_x(x_ptr, None, x_at, bm[:, None], False, norm_ptr, inv_rms, True)[None, :, :]
+                x_hi = load_x(x_ptr, None, x_at + 16, bm[:, None], False, norm_ptr, inv_rms, True)[None, :, :]
+            else:
+                x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+                x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+                x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
             if FLAT_ACC:
                 acc += (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
             else:
