@@ -13,6 +13,7 @@ if not torch.cuda.is_available():  # before any kernel module is imported (see t
 import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
+import strata.kernels.int8_inputs as int8_inputs  # noqa: E402
 import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
 import strata.layers.linear as linear  # noqa: E402
 from strata import env  # noqa: E402
@@ -40,8 +41,8 @@ def gate_up(m: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor
 @pytest.mark.parametrize("act", ACTS)
 def test_quantized_in_one_launch_equals_activation_then_quantization(act, dtype, planar):
     gate, up = gate_up(3, 1312, dtype, seed=1)  # 41 sub-blocks: a partial program of 32
-    fused = quant_matvec.quantize_x(gate, planar=planar, up=up, act=act)
-    first = quant_matvec.quantize_x(quant_matvec.gated_act(gate, up, act), planar=planar)
+    fused = int8_inputs.quantize_x(gate, planar=planar, up=up, act=act)
+    first = int8_inputs.quantize_x(quant_matvec.gated_act(gate, up, act), planar=planar)
     for name, a, b in zip(("xq", "xd", "xs"), fused, first, strict=True):
         assert torch.equal(a, b), f"{name} differs"
 

@@ -26,7 +26,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 
 pytest.importorskip("triton")
 
-from strata.kernels.quant_matvec import MAX_M, MatvecConfig, default_config, quant_matvec, quantize_x  # noqa: E402
+from strata.kernels.int8_inputs import quantize_x  # noqa: E402
+from strata.kernels.quant_matvec import MAX_M, MatvecConfig, default_config, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
 

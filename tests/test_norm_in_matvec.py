@@ -23,6 +23,7 @@ if not torch.cuda.is_available():  # before any kernel module is imported (see t
 import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
+import strata.kernels.int8_inputs as int8_inputs  # noqa: E402
 import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, pack_quant_weight, takes_norm  # noqa: E402
 from strata.kernels.rms_norm import rms_norm  # noqa: E402
@@ -225,6 +226,6 @@ def test_row_parallel_layers_and_int8_copies_take_the_norm_first(monkeypatch):
     assert not layer.takes_norm(x)
     assert torch.equal(layer(x, norm=RMSNorm(w, EPS, fused=True)), layer(normed))
     packed = pack_quant_weight(random_weight(T.Q4_K, n, k, seed=16).to(DEVICE), T.Q4_K, n, k)
-    stale = {True: quant_matvec.quantize_x(x, planar=True)}
+    stale = {True: int8_inputs.quantize_x(x, planar=True)}
     got = quant_matvec.quant_matvec(x, packed, T.Q4_K, n, k, x_int8=stale, norm=(w, EPS))
     assert torch.equal(got, quant_matvec.quant_matvec(normed, packed, T.Q4_K, n, k))

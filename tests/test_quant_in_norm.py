@@ -13,7 +13,7 @@ if not torch.cuda.is_available():  # before any kernel module is imported (see t
 import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
-import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
+import strata.kernels.int8_inputs as int8_inputs  # noqa: E402
 from strata.kernels.rms_norm import rms_norm  # noqa: E402
 from strata.kernels.rms_norm_int8 import rms_norm_int8  # noqa: E402
 
@@ -41,7 +41,7 @@ def test_bit_equal_to_norm_then_quantization(dtype, rows, hidden, orders):
     assert torch.equal(residual, before)  # out of place
     assert sorted(int8) == sorted(orders)
     for planar in orders:
-        want = quant_matvec.quantize_x(expected, planar=planar)
+        want = int8_inputs.quantize_x(expected, planar=planar)
         assert all(torch.equal(a, b) for a, b in zip(int8[planar], want, strict=True)), planar
 
 
@@ -49,7 +49,7 @@ def test_without_residual_and_errors():
     x, _, weight = inputs(2, 256, torch.bfloat16, seed=7)
     out, summed, int8 = rms_norm_int8(x, weight, 1e-5, (True,))
     assert summed is None and torch.equal(out, rms_norm(x, weight, 1e-5))
-    assert all(torch.equal(a, b) for a, b in zip(int8[True], quant_matvec.quantize_x(out), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(int8[True], int8_inputs.quantize_x(out), strict=True))
     with pytest.raises(ValueError, match=r"16-bit \(rows, H\) x with H a multiple of 32"):
         rms_norm_int8(x.float(), weight, 1e-5, (True,))
     with pytest.raises(ValueError, match="multiple of 32"):
@@ -59,10 +59,10 @@ def test_without_residual_and_errors():
 def test_attached_quantization_is_voided_by_a_change():
     x = torch.randn(1, 64)
     found = {True: (torch.zeros(1), torch.zeros(1), torch.zeros(1))}
-    assert quant_matvec.attached_int8(quant_matvec.attach_int8(x, found)) is found
-    assert quant_matvec.attached_int8(x.view(1, 64)) is None  # another tensor object
+    assert int8_inputs.attached_int8(int8_inputs.attach_int8(x, found)) is found
+    assert int8_inputs.attached_int8(x.view(1, 64)) is None  # another tensor object
     x.add_(1)
-    assert quant_matvec.attached_int8(x) is None
+    assert int8_inputs.attached_int8(x) is None
     with torch.inference_mode():  # no version counter: held by the tensor object alone
-        y = quant_matvec.attach_int8(torch.randn(1, 64), found)
-        assert quant_matvec.attached_int8(y) is found and quant_matvec.attached_int8(y[:, :32]) is None
+        y = int8_inputs.attach_int8(torch.randn(1, 64), found)
+        assert int8_inputs.attached_int8(y) is found and int8_inputs.attached_int8(y[:, :32]) is None

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from strata.kernels._int8_x import Int8X, store_int8
+from strata.kernels.int8_inputs import use_asm
 from strata.kernels.pdl import await_inputs, launch_args
-from strata.kernels.quant_matvec import use_asm
 from strata.kernels.rms_norm import _MAX_BLOCK, _load_row, check_inputs, inverse_rms, warps_for
 
 _SUBS_PER_PROGRAM = 32  # as quantize_x
@@ -71,7 +71,7 @@ def rms_norm_int8(
     """(out, new_residual, int8) for a 16-bit (rows, H) x, H a multiple of 32 up to 8,192: out and the
     residual as `rms_norm(x, weight, eps, residual=...)` leaves them, but the updated residual in a new
     tensor (None without `residual`, which is not changed), and for each of `orders` (True: Q4_K's
-    planar order, False: element order) what `quant_matvec.quantize_x(out, planar)` returns."""
+    planar order, False: element order) what `int8_inputs.quantize_x(out, planar)` returns."""
     check_inputs(x, weight, eps, residual)
     hidden = x.shape[-1]
     if not takes(x):

@@ -159,7 +159,8 @@ class QuantLinear(nn.Module):
         if self.packed is None:
             assert self.weight is not None
             return _added(F.linear(x, self.weight, self.bias), add_to)
-        from strata.kernels.quant_matvec import attached_int8, quant_matvec
+        from strata.kernels.int8_inputs import attached_int8
+        from strata.kernels.quant_matvec import quant_matvec
 
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] <= self.matvec_rows:
@@ -256,8 +257,8 @@ class Projections(nn.Module):
         self.matvec_rows = env.kernel_row_limits()[0]
 
     def int8_orders(self) -> tuple[bool, ...]:
-        """The orders in which the parts' matvecs quantize 16-bit x (`quant_matvec.int8_order`)."""
-        from strata.kernels.quant_matvec import int8_order
+        """The orders in which the parts' matvecs quantize 16-bit x (`int8_inputs.int8_order`)."""
+        from strata.kernels.int8_inputs import int8_order
 
         parts = [p.packed for p in self.parts.values() if isinstance(p, QuantLinear) and p.pad is None]
         orders = {int8_order(p) for p in parts if p is not None}

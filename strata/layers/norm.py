@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
     def quantize_for(self, consumers: Projections) -> None:
         """With STRATA_QUANT_IN_NORM=1 on the kernel path, the decode-sized outputs of `add_and_norm`
         come with their int8 quantizations for `consumers` (the projections this norm feeds), made in
-        the norm's launch and found by their matvecs (`quant_matvec.attached_int8`)."""
+        the norm's launch and found by their matvecs (`int8_inputs.attached_int8`)."""
         if self.fused and env.quant_in_norm():
             self.int8_orders = consumers.int8_orders()
             self.matvec_rows = env.kernel_row_limits()[0]
@@ -58,7 +58,7 @@ class RMSNorm(nn.Module):
         if delta is None:
             return self.normed(residual), residual
         if self.fused and self.int8_orders and self._quantizes(delta):
-            from strata.kernels.quant_matvec import attach_int8
+            from strata.kernels.int8_inputs import attach_int8
             from strata.kernels.rms_norm_int8 import rms_norm_int8
 
             h, summed, int8 = rms_norm_int8(delta, self.weight, self.eps, self.int8_orders, residual=residual)
@@ -75,7 +75,7 @@ class RMSNorm(nn.Module):
         """norm(x), and on decode rows for int8 projections (`quantize_for`) with its int8
         quantizations attached, made in the norm's launch."""
         if self.fused and self.int8_orders and self._quantizes(x):
-            from strata.kernels.quant_matvec import attach_int8
+            from strata.kernels.int8_inputs import attach_int8
             from strata.kernels.rms_norm_int8 import rms_norm_int8
 
             h, _, int8 = rms_norm_int8(x, self.weight, self.eps, self.int8_orders)
