@@ -4,9 +4,9 @@ second set for short contexts), replayed with each step's inputs.
 A decode step of a small model is hundreds of short kernels; launched one by one from Python, the
 launches cost more than the kernels. A captured graph replays them all with one call. Its tensors
 are fixed, so every step copies its inputs (token ids, positions, KV slots, block tables, context
-lengths) into static buffers first, and a batch of b sequences runs the smallest captured size >= b,
-the extra rows padding: token 0 at position 0, writing its K/V to a scratch slot outside the pool and
-attending only to that slot.
+lengths) into static buffers first (one transfer from pinned memory: `step_inputs`), and a batch of
+b sequences runs the smallest captured size >= b, the extra rows padding: token 0 at position 0,
+writing its K/V to a scratch slot outside the pool and attending only to that slot.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
+from strata.engine.step_inputs import StepInputs
 from strata.models.base import DecoderModel
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -47,12 +48,10 @@ class DecodeGraphs:
         device = model.device
         self.sizes = sorted(set(batch_sizes))
         self.block_size, self.max_blocks, self.scratch_block = block_size, max_blocks, scratch_block
-        n = self.sizes[-1]
-        self.ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slots = torch.full((n,), scratch_block * block_size, dtype=torch.long, device=device)
-        self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.block_tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
+        self.inputs = StepInputs(self.sizes[-1], max_blocks, device, scratch_block, block_size)
+        views = self.inputs.device_views
+        self.ids, self.positions, self.slots = views.ids, views.positions, views.slots
+        self.context_lens, self.block_tables = views.context_lens, views.block_tables
         self.max_positions, self.short = max_blocks * block_size, short
         bounds = {self.max_positions, context_bound(0, self.max_positions, self.short)}
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -101,19 +100,6 @@ class DecodeGraphs:
         batch = len(ids)
         size = next(s for s in self.sizes if s >= batch)
         graph, logits = self.graphs[size, context_bound(max(positions) + 1, self.max_positions, self.short)]
-        pad = size - batch
-        scratch_slot = self.scratch_block * self.block_size
-        width = max(len(t) for t in block_tables)
-        tables = [t + [self.scratch_block] * (width - len(t)) for t in block_tables]
-        tables += [[self.scratch_block] * width] * pad
-        ints = torch.tensor(
-            [ids + [0] * pad, positions + [0] * pad, slots + [scratch_slot] * pad], dtype=torch.long
-        )
-        self.ids[:size].copy_(ints[0], non_blocking=True)
-        self.positions[:size].copy_(ints[1], non_blocking=True)
-        self.slots[:size].copy_(ints[2], non_blocking=True)
-        self.context_lens[:size].copy_(ints[1] + 1, non_blocking=True)
-        # Columns past a sequence's context are never read, so stale ones may stay.
-        self.block_tables[:size, :width].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
+        self.inputs.upload(size, ids, positions, slots, block_tables)
         graph.replay()
         return logits[:batch]
