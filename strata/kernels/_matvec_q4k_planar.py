@@ -92,7 +92,8 @@ def q4_k_planar_matvec_kernel(
     """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x; with NORMED (M = 1)
     RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`). PAIRED_DM: see `_loads`."""
     await_inputs(PDL)
-    norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H), NORMED)
+    # Passed one by one: a tuple holding None (norm_ptr unset) fails to compile inside the loops.
+    inv_rms = row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H)
     # qs is the int32 view: sub-block s is words 4s..4s+3, and nibble i of word r is element 4i + r.
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -114,8 +115,9 @@ def q4_k_planar_matvec_kernel(
                 qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, False, PAIRED_DM
             )
             acc = _step(
-                acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED, *norm
-            )
+                acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED,
+                norm_ptr, inv_rms, NORMED,
+            )  # fmt: skip
             words, sc, mn, d, dmin = w_n, sc_n, mn_n, d_n, dmin_n
     else:
         for s0 in range(lo, hi, NS):
@@ -124,7 +126,10 @@ def q4_k_planar_matvec_kernel(
             words, sc, mn, d, dmin = _loads(
                 qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, False, PAIRED_DM
             )
-            acc = _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED, *norm)
+            acc = _step(
+                acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED,
+                norm_ptr, inv_rms, NORMED,
+            )  # fmt: skip
     acc = tl.sum(acc, 2)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
                M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip

@@ -211,8 +211,14 @@ def compile_for_sm90(fn: Any, constexprs: dict[str, Any], pointers: dict[str, st
     from triton.compiler import ASTSource
 
     names = fn.arg_names
-    # Constexpr parameters left out take their defaults, as a launch that omits them does.
-    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    # Constexpr parameters left out take their defaults, as a launch that omits them does; so do
+    # pointers defaulting to None (a launch specializes a None argument as a constexpr None, which
+    # some code compiles differently from a pointer: a tuple holding it inside a loop did not).
+    defaults = {
+        p.name: p.default
+        for p in fn.params
+        if p.has_default and (p.is_constexpr or (p.default is None and p.name not in pointers))
+    }
     constexprs = {**defaults, **constexprs}
     types = {**POINTERS, **pointers}
     signature = {
