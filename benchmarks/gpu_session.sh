@@ -85,6 +85,7 @@ if [ -n "${AB_CASES:-}" ]; then
         args=${case#*:}; args=${args//MODEL7//tmp/strata-synth/qwen2.5-7b.gguf}; args=${args//MODEL05/$model}
         args=${args//MODEL15//tmp/strata-synth/qwen2.5-1.5b.gguf}
         echo "== ${case%%:*}: bench ab $args"
+        rm -rf /tmp/ab_case  # a failed case leaves no summary, not the previous case's
         timeout 200 python3 -m strata.cli bench ab $args --device cuda --out /tmp/ab_case 2>&1 | grep -E "tok_s|gate|rror"
         cp /tmp/ab_case/summary.json "$OUT/ab_${case%%:*}.json" 2>/dev/null
     done
