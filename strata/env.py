@@ -90,7 +90,8 @@ def norm_in_matvec() -> bool:
     with STRATA_INT8_X=none), and the residual adds inside the stores of the o and down projections:
     two launches fewer per layer (the 0.5B's 24 layers: 48 a step). The residual adds are the same
     bits; each matvec program takes the norm's 1 / rms from the whole row, reduced in another order
-    than the norm kernel's (fp32 rounding apart, the same values). 0: the norms launch on their own."""
+    than the norm kernel's (fp32 rounding apart, the same values). 0: the norms launch on their own.
+    Measured slower (H100, 2026-12-05): 0.5B decode 0.958x over STRATA_INT8_X=none, itself 0.854x."""
     return _level("STRATA_NORM_IN_MATVEC", "0", ("0", "1")) == "1"
 
 
@@ -100,7 +101,8 @@ def widen_to_stack() -> bool:
     launch after rewriting the Q5_0 blocks as Q8_0 blocks of the same values (`quant_pack.widen_q5_0`:
     34 bytes a block instead of 22, about 0.34 MB more per such 0.5B layer) instead of launching
     each type apart. The same weights; the Q8_0 kernel sums a block's 32 products in another order
-    than the Q5_0 kernel's two halves (fp32 rounding apart, the same values)."""
+    than the Q5_0 kernel's two halves (fp32 rounding apart, the same values). Measured neutral (H100,
+    2026-12-05): 0.5B decode 0.996x."""
     return _level("STRATA_WIDEN_TO_STACK", "0", ("0", "1")) == "1"
 
 
@@ -109,7 +111,10 @@ def live_splits() -> bool:
     count fixed on the host (for the longest context a captured graph allows), at most one split per
     256 positions of each sequence's context (counted on the device): short contexts then take one
     split and skip the merge. 0: the splits partition every context as the host's count says (at
-    most one per position), the merge reading them all."""
+    most one per position), the merge reading them all. The same bits within one tile (64 positions);
+    beyond, one split's running softmax against a merge of several partials: fp32 rounding apart (on
+    an H100, 1 bf16 ulp at 65-256 positions, `benchmarks/split_bits.py`; a synthetic 7B's greedy ids
+    then part after 11 tokens). Measured (H100, 2026-12-05): 0.5B decode 1.013x, 7B 0.957x."""
     return _level("STRATA_LIVE_SPLITS", "0", ("0", "1")) == "1"
 
 
@@ -117,7 +122,8 @@ def rope_in_attention() -> bool:
     """STRATA_ROPE_IN_ATTENTION=1 (opt-in until timed): on the GPU kernel path, a decode step's
     rotary embedding and K/V-cache write are done by the paged decode attention kernel (each split
     rotates q; the one holding the new position writes its K and V first) instead of a launch of
-    their own: one launch fewer per layer, the same bits. 0: `rotary_kv_write` launches first."""
+    their own: one launch fewer per layer, the same bits. 0: `rotary_kv_write` launches first.
+    Measured slower (H100, 2026-12-05): 0.5B decode 0.902x."""
     return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
 
 
@@ -136,7 +142,8 @@ def concurrent_projections() -> bool:
     projections of one input that are separate launches (parts of different quant types, e.g. the
     7B's Q4_K q+k and Q6_K v) run on side streams, side by side (parallel branches of a captured
     graph), instead of one after the other; each is latency-bound with less than a wave of programs.
-    The same kernels on the same inputs: the same values."""
+    The same kernels on the same inputs: the same values. Measured (H100, 2026-12-05): 7B decode
+    1.030x and 1.046x, but 0.982x at 8 sequences and 0.991x on the 0.5B."""
     return _level("STRATA_CONCURRENT_PROJECTIONS", "0", ("0", "1")) == "1"
 
 
@@ -145,7 +152,9 @@ def short_graphs() -> int:
     in that many positions run graphs captured for that bound (a second set, one per batch size), whose
     attention takes one split per KV head and launches no merge; longer ones the graphs for the pool's
     whole length. Eager decode steps split by the same bound. 256 is the split length of
-    STRATA_LIVE_SPLITS, under which the two sets give the same bits."""
+    STRATA_LIVE_SPLITS, under which the two sets give the same bits; without it, the same bits only
+    within one tile of 64 positions (see `live_splits`). Measured (H100, 2026-12-05): 0.5B decode
+    0.967x alone and 1.099x over live splits, 7B 0.978x."""
     return _integer("STRATA_SHORT_GRAPHS", 0, 0)
 
 
