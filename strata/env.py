@@ -137,6 +137,15 @@ def dense_copy() -> bool:
     return _level("STRATA_DENSE_COPY", "0", ("0", "1")) == "1"
 
 
+def q4k_rows() -> bool:
+    """STRATA_Q4K_ROWS=1 (opt-in, for measurement; untimed end to end): on the GPU kernel path each
+    Q4_K weight in the planar layout also keeps a copy regrouped by rows (`kernels._matvec_q4k_rows`),
+    which the one-row int8 matvec of a decode step reads instead: a warp's lanes take 32 rows of one
+    super-block, so x and the scales reach a warp in one load each. Twice the Q4_K weights' memory (the
+    7B: about 4.4 GB more) until every Q4_K path reads that layout."""
+    return _level("STRATA_Q4K_ROWS", "0", ("0", "1")) == "1"
+
+
 def concurrent_projections() -> bool:
     """STRATA_CONCURRENT_PROJECTIONS=1 (opt-in until timed): on the GPU kernel path, a decode step's
     projections of one input that are separate launches (parts of different quant types, e.g. the

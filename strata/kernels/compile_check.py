@@ -116,7 +116,25 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         out.append((f"Q4_K int8 {name} add", q4_k_int8_matvec_kernel, dict(int8, ADD=True), {}))
         if m == 1:
             out += normed_variants(tile, name, u8, u8q5)
-    return out + matmul_variants() + norm_variants() + attention_variants()
+    return out + rows_variants() + matmul_variants() + norm_variants() + attention_variants()
+
+
+def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
+    """The row-interleaved Q4_K int8 matvec: even steps and masked, split and not, under PDL."""
+    from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec_kernel
+
+    out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
+    pointers = {"scm_ptr": "*u8", "dm_ptr": "*i32"}
+    for rows, step, split, even, ahead in (
+        (128, 1, 1, True, False),
+        (64, 2, 2, True, True),
+        (32, 4, 4, False, True),
+    ):
+        consts = dict(R=rows, NB=step, SPLIT_K=split, HAS_BIAS=split > 1, USE_ASM=True, EVEN=even, PDL=True)
+        consts |= dict(XVEC=ahead, PREFETCH=ahead, ADD=split > 1)
+        name = f"Q4_K rows int8 R={rows} NB={step} split={split} even={even} xvec, prefetch={ahead}"
+        out.append((name, q4_k_rows_int8_matvec_kernel, consts, pointers))
+    return out
 
 
 def normed_variants(

@@ -27,6 +27,7 @@ from strata.kernels._matvec_lowbit import (
 )
 from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
 from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
+from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec, rows_config
 from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
 from strata.kernels.activation import gated_act
 from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x, use_asm
@@ -338,6 +339,9 @@ def quant_matvec(
     if int8_x:
         ready = None if x_int8 is None or up is not None else x_int8.get(planar)
         xq = ready if ready is not None else quantize_x(x, planar=planar, up=up, act=act)
+        if m == 1 and packed.rows is not None and config is None:
+            _rows_matvec(xq, packed, out, bias, accumulate, num_sms)
+            return out
         _int8_matvec(
             qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg, accumulate
         )
@@ -400,6 +404,27 @@ def split_locks(device: torch.device, tiles: int) -> torch.Tensor:
     if not sets or sets[-1].numel() < tiles:
         sets.append(torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device))
     return sets[-1]
+
+
+def _rows_matvec(
+    xq: Int8X,
+    w: PackedQuantWeight,
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    accumulate: bool,
+    num_sms: int,
+) -> None:
+    """One row of x quantized (planar order) times w's row-interleaved copy (`w.rows`), into out."""
+    assert w.rows is not None
+    cfg = rows_config(w.n, w.k, w.rows_group, num_sms)
+    workspace = None
+    if cfg.split_k > 1:
+        partials = torch.empty(cfg.split_k, 1, w.n, dtype=torch.float32, device=out.device)
+        workspace = (partials, split_locks(out.device, triton.cdiv(w.n, w.rows_group)))
+    q4_k_rows_int8_matvec(
+        *xq, w.rows, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=use_asm(xq[0]),
+        workspace=workspace,
+    )  # fmt: skip
 
 
 def _int8_matvec(

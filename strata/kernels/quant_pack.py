@@ -59,12 +59,16 @@ PACKABLE_TYPES: frozenset[GGMLQuantizationType] = frozenset(_FIELDS)
 
 @dataclass(frozen=True)
 class PackedQuantWeight:
-    """An (n, k) GGUF weight as aligned per-field planes (see the module docstring for the order)."""
+    """An (n, k) GGUF weight as aligned per-field planes (see the module docstring for the order).
+    `rows`: for the planar layout, optionally the same planes regrouped by `rows_group` rows as well
+    (`_matvec_q4k_rows.with_rows`, STRATA_Q4K_ROWS), which the one-row int8 matvec reads instead."""
 
     qtype: GGMLQuantizationType
     n: int
     k: int
     planes: tuple[torch.Tensor, ...]
+    rows: tuple[torch.Tensor, ...] | None = None
+    rows_group: int = 0
 
     @property
     def layout(self) -> str:

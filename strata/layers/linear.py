@@ -75,6 +75,15 @@ class QuantLinear(nn.Module):
         else:
             dense = dequantize(qweight.to(place.device), qtype, shape).to(place.dtype)
             self.weight = nn.Parameter(dense, requires_grad=False)
+        if (
+            self.packed is not None
+            and self.packed.layout == "planar"
+            and self.packed.rows is None
+            and env.q4k_rows()
+        ):
+            from strata.kernels._matvec_q4k_rows import with_rows
+
+            self.packed = with_rows(self.packed)
         self.bias = None if bias is None else nn.Parameter(bias.to(place.device, place.dtype), False)
         # Read once per layer, not per call (the measured crossovers: strata.env.kernel_row_limits).
         self.matvec_rows, self.dense_rows = env.kernel_row_limits()

@@ -1,0 +1,199 @@
+"""Q4_K at M = 1 on int8 x: the row-interleaved kernel (`_matvec_q4k_rows`) against the planar int8
+kernel's default tile, side by side, inside CUDA graphs, on the 7B's and 1.5B's Q4_K decode shapes.
+
+    python benchmarks/gpu_q4k_rows.py [--models 7b,1.5b] [--calls 40] [--rounds 3]
+    python benchmarks/gpu_q4k_rows.py --smoke     # the script itself, in Triton's interpreter
+
+Both kernels read the same x, quantized once (`quantize_x`, planar order; not timed). Each candidate
+is first checked against the baseline's output and the float64 reference on a NaN-poisoned output;
+a failing one is not timed. Timing is `gpu_matvec_graph.py`'s: a graph of `--calls` launches, each on
+its own copy of the weight (enough copies to exceed the L2), median replay per call; the baseline and
+the candidates are timed in turn, `--rounds` times, and each figure is the median of its rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import astuple
+from pathlib import Path
+
+if "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+from gguf.constants import GGMLQuantizationType
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
+
+from strata.kernels._matvec_q4k_rows import (  # noqa: E402
+    ROWS,
+    RowsConfig,
+    interleave_rows,
+    q4_k_rows_int8_matvec,
+    rows_config,
+)
+from strata.kernels.int8_inputs import quantize_x  # noqa: E402
+from strata.kernels.quant_matvec import default_config, quant_matvec  # noqa: E402
+from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
+from strata.quant import dequantize  # noqa: E402
+
+Q4_K = GGMLQuantizationType.Q4_K
+SHAPES = {
+    "7b": [("q+k+v", 4608, 3584), ("o", 3584, 3584), ("gate+up", 37888, 3584), ("down", 3584, 18944)],
+    "1.5b": [("q+k+v", 2048, 1536), ("o", 1536, 1536), ("gate+up", 17920, 1536), ("down", 1536, 8960)],
+}
+SMOKE_SHAPES = [("tiny", 72, 768)]
+
+
+def candidates(n: int, k: int, smoke: bool) -> list[tuple[int, int, int, int, bool, bool]]:
+    """(rows, super-blocks a step, split, warps, xvec, prefetch): a lane per row, warps across rows,
+    then steps; splits 1, 2, 4 (and 8 below 8,192 rows), each plain, with vector x scales, and with
+    those and the next step's weights prefetched."""
+    if smoke:
+        return [(32, 1, 1, 1, False, False), (32, 2, 2, 2, True, False), (64, 1, 3, 2, True, True)]
+    out = []
+    splits = (1, 2, 4, 8) if n < 8192 else (1, 2, 4)
+    for (rows, step), split, (xvec, prefetch) in itertools.product(
+        ((32, 1), (32, 2), (64, 1), (64, 2), (128, 1)), splits, ((False, False), (True, False), (True, True))
+    ):
+        if split > 1 and k // 256 // split < step:
+            continue
+        out.append((rows, step, split, rows // 32 * step, xvec, prefetch))
+    return out
+
+
+def graph_us(run: Callable[[int], None], calls: int) -> float:
+    """Median per-call time of a graph of `calls` launches (run(i) launches call i)."""
+    for i in range(calls):  # compiles
+        run(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            run(i)
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: torch.Generator):
+    """Check every candidate on one shape, then time the baseline and the correct ones in turn;
+    returns (the table row or None under --smoke, the number of failed checks)."""
+    device = gen.device
+    raw = random_weight(Q4_K, n, k, str(device), gen)
+    copies = 1 if args.smoke else max(1, min(args.calls, math.ceil(240e6 / raw.numel())))
+    packed = [pack_quant_weight(raw.clone() if i else raw, Q4_K, n, k, "planar") for i in range(copies)]
+    x = torch.randn(1, k, device=device, generator=gen).to(torch.bfloat16)
+    ref = x.double() @ dequantize(raw, Q4_K, (n, k)).double().T
+    xq = quantize_x(x, planar=True)
+    out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
+    base_cfg = default_config(Q4_K, 1, n, k, planar_int8=True)
+
+    def baseline(i: int) -> None:
+        quant_matvec(x, packed[i % len(packed)], Q4_K, n, k, out=out, config=base_cfg, x_int8={True: xq})
+
+    baseline(0)
+    base_out = out.double().clone()
+    limit = 3e-2 * ref.abs().max().item()
+    assert (base_out - ref).abs().max().item() <= limit, "baseline differs from the reference"
+    arms: dict[str, Callable[[int], None]] = {"baseline": baseline}
+    by_rows: dict[int, list[tuple[torch.Tensor, ...]]] = {}
+    failures = 0
+    sms = 132 if args.smoke else torch.cuda.get_device_properties(device).multi_processor_count
+    default = astuple(rows_config(n, k, ROWS, sms))  # what STRATA_Q4K_ROWS launches
+    for rows, step, split, warps, xvec, prefetch in [*candidates(n, k, args.smoke), default]:
+        label = (
+            f"rows {rows} step {step} split {split} warps {warps}" + " xvec" * xvec + " prefetch" * prefetch
+        )
+        if (rows, step, split, warps, xvec, prefetch) == default:
+            label += " (rows_config)"
+        planes = by_rows.setdefault(rows, [interleave_rows(w.planes, rows) for w in packed])
+        ws = (
+            torch.zeros(split, 1, n, device=device),
+            torch.zeros(-(-n // rows), dtype=torch.int32, device=device),
+        )
+        cfg = RowsConfig(rows, step, split, warps, xvec, prefetch)
+
+        def arm(i: int, planes=planes, ws=ws, cfg=cfg) -> None:
+            q4_k_rows_int8_matvec(*xq, planes[i % len(planes)], n, k, out, cfg, use_asm=not args.smoke,
+                                  workspace=ws if cfg.split_k > 1 else None)  # fmt: skip
+
+        out.fill_(float("nan"))
+        try:
+            arm(0)
+        except Exception as e:  # a config the compiler rejects
+            print(f"{model} {name} {label}: {type(e).__name__}: {str(e)[:160]}")
+            continue
+        got = out.double()
+        vs_base = (got - base_out).abs().max().item()
+        vs_ref = (got - ref).abs().max().item()
+        if not (torch.isfinite(got).all() and vs_ref <= limit and vs_base <= limit / 3):
+            failures += 1
+            print(f"{model} {name} {label}: WRONG RESULT (vs base {vs_base:.3g}, vs reference {vs_ref:.3g})")
+            continue
+        arms[label] = arm
+    if args.smoke:
+        print(f"{model} {name}: {len(arms) - 1} candidates checked")
+        return None, failures
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    for _ in range(args.rounds):
+        for label, run in arms.items():
+            times[label].append(graph_us(run, args.calls))
+    med = {a: statistics.median(t) for a, t in times.items()}
+    best = min((a for a in med if a != "baseline"), key=med.__getitem__)
+    for a, t in sorted(med.items(), key=lambda kv: kv[1]):
+        print(
+            f"{model} {name} {n}x{k}: {a}: {t:.2f} us ({min(times[a]):.2f}-{max(times[a]):.2f})", flush=True
+        )
+    return (model, name, n, k, packed[0].nbytes / 1e6, med["baseline"], best, med[best]), failures
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="7b,1.5b")
+    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    gen = torch.Generator(device=device).manual_seed(0)
+    ceiling = math.nan if args.smoke else copy_ceiling_gbs(device, False)
+    shapes = [("smoke", *s) for s in SMOKE_SHAPES] if args.smoke else [
+        (model, *s) for model in args.models.split(",") for s in SHAPES[model]
+    ]  # fmt: skip
+    table, failures = [], 0
+    for model, name, n, k in shapes:
+        row, failed = sweep(model, name, n, k, args, gen)
+        failures += failed
+        if row is not None:
+            table.append(row)
+    if args.smoke:
+        print(f"checks failed: {failures}")
+        return 1 if failures else 0
+    print(f"\ncopy ceiling {ceiling:,.0f} GB/s; M = 1; per call inside a graph of {args.calls} calls; "
+          f"medians of {args.rounds} rounds")  # fmt: skip
+    print("| model | weight | MB | planar int8 default us | best row-interleaved | us | ratio | of copy |")
+    print("|---|---|---:|---:|---|---:|---:|---:|")
+    for model, name, n, k, mb, base, best, us in table:
+        base_of_copy = mb * 1e3 / base / ceiling
+        print(f"| {model} | {name} {n}x{k} | {mb:.1f} | {base:.2f} ({base_of_copy:.0%}) | {best} | "
+              f"{us:.2f} | {base / us:.3f} | {mb * 1e3 / us / ceiling:.0%} |")  # fmt: skip
+    print(f"checks failed: {failures}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

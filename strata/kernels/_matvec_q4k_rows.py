@@ -1,0 +1,224 @@
+"""Q4_K matvec on int8 x over row-interleaved planes: a warp's lanes take 32 rows of one sub-block.
+
+The planar int8 kernel (`_matvec_q4k_int8`) lays a warp's lanes along one row's sub-blocks: each
+16-byte weight load is coalesced, but x (32 bytes a sub-block, twice the weight's 16) and every scale
+differ from lane to lane, so per 512 bytes of weights a warp also moves about 600 bytes of x and
+scales through L1, which Nsight Compute shows as the bound (L1/TEX ~87 %, DRAM ~43 %). Here the planes
+are regrouped by R rows (`interleave_rows`): sub-block s of rows g * R .. g * R + R - 1 lie side by
+side, so a warp's 32 lanes read 32 rows' words of one sub-block in one 512-byte run, and x, dx and the
+x sums are the same address for every lane (one L1 wavefront each, a broadcast). The scales follow the
+same order, 32 lanes reading 32 consecutive bytes. Each row's products are those of the planar int8
+kernel (`_row_part`), summed in another order: the tests hold it to the same tolerance.
+"""
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels._bits import exact_float, split_range, store_rows
+from strata.kernels._int8_x import _dp4a
+from strata.kernels.pdl import await_inputs, launch_args
+from strata.kernels.quant_pack import PackedQuantWeight
+
+# Rows per group of the copy that STRATA_Q4K_ROWS keeps (a guess until benchmarks/gpu_q4k_rows.py
+# has timed the groups on a GPU).
+ROWS = 64
+
+
+def interleave_rows(planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """The planar layout's planes (qs, sc, mn uint8, dm fp16; quant_pack) regrouped by `rows` rows,
+    for G = ceil(n / rows) groups: qs as int32 words (G, n_sub, rows, 4); the scales and mins of each
+    row's super-block together, (G, n_blocks, rows, 16) bytes (sc of its 8 sub-blocks, then mn); dm as
+    int32 (d low, dmin high), (G, n_blocks, rows). Rows past n are zero (their outputs are not stored).
+    The same bytes as the planar planes, moved."""
+    qs, sc, mn, dm = planes
+    n = qs.shape[0]
+    groups = -(-n // rows)
+
+    def regroup(plane: torch.Tensor, unit: int) -> torch.Tensor:
+        padded = torch.zeros(groups * rows, plane.shape[1], dtype=plane.dtype, device=plane.device)
+        padded[:n] = plane
+        units = padded.reshape(groups, rows, -1, unit).transpose(1, 2)
+        return units.contiguous().reshape(groups, -1)
+
+    scm = torch.cat([sc.reshape(n, -1, 8), mn.reshape(n, -1, 8)], dim=2).reshape(n, -1)
+    return regroup(qs.view(torch.int32), 4), regroup(scm, 16), regroup(dm.view(torch.int32), 1)
+
+
+def with_rows(w: PackedQuantWeight, rows: int = ROWS) -> PackedQuantWeight:
+    """w (Q4_K, planar layout) with its planes also regrouped by `rows` rows (`interleave_rows`)."""
+    if w.layout != "planar":
+        raise ValueError(
+            f"the row-interleaved copy is made from Q4_K's planar layout, not {w.qtype.name} ({w.layout})"
+        )
+    return replace(w, rows=interleave_rows(w.planes, rows), rows_group=rows)
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """One launch of the row-interleaved kernel: `rows` per group (the copy's grouping), `step`
+    super-blocks a step, K split `split_k` ways, `num_warps` (a warp per 32 rows and super-block of
+    a step), `xvec` (dx and the x sums in 16-byte loads), `prefetch` (the next step's weights loaded
+    before this step computes)."""
+
+    rows: int = ROWS
+    step: int = 1
+    split_k: int = 1
+    num_warps: int = ROWS // 32
+    xvec: bool = False
+    prefetch: bool = False
+
+
+def rows_config(n: int, k: int, rows: int, num_sms: int) -> RowsConfig:
+    """The launch for an (n, k) weight regrouped by `rows` rows: one super-block a step, a warp per 32
+    rows, 16-byte x scales, the next step prefetched, and K split until about 32 warps per SM are
+    resident (at most 8 ways, at least one super-block a split). A first guess, untimed:
+    benchmarks/gpu_q4k_rows.py sweeps these."""
+    warps = rows // 32
+    programs = -(-n // rows)
+    split = max(1, min(8, k // 256, -(-32 * num_sms // (programs * warps))))
+    return RowsConfig(rows, 1, split, warps, xvec=True, prefetch=True)
+
+
+@triton.jit
+def q4_k_rows_int8_matvec_kernel(
+    xq_ptr, xd_ptr, xs_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, qs_ptr, scm_ptr, dm_ptr,
+    N, K, stride_ys, stride_ym,
+    R: tl.constexpr, NB: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    USE_ASM: tl.constexpr, EVEN: tl.constexpr = False, XVEC: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Program (g, split) sums rows g * R .. over its split's super-blocks, NB a step, for one x row
+    (M = 1). A lane takes one row and a whole super-block: its 8 sub-blocks' words, their 16 scale
+    bytes in one load, d and dmin in another. EVEN: the steps cover the super-blocks exactly (no
+    masks). XVEC: dx and the x sums in 16-byte loads (`_x`). PREFETCH: each step's weights are loaded
+    before the step before it computes (the last step reloads its own instead of reading past the
+    end). The same sums in every variant."""
+    g = tl.program_id(0)
+    n_blk = K // 256
+    lo, hi = split_range(n_blk, NB, SPLIT_K)
+    planes = (qs_ptr + g * (n_blk * 8 * R * 4), scm_ptr + g * (n_blk * R * 16), dm_ptr + g * (n_blk * R))
+    x = (xq_ptr, xd_ptr, xs_ptr)
+    await_inputs(PDL)
+    acc = tl.zeros((R, NB, 8), tl.float32)
+    if PREFETCH:
+        b = lo + tl.arange(0, NB)
+        following = _weights(planes, b, b < hi, R, EVEN)
+        for b0 in range(lo, hi, NB):
+            b = b0 + tl.arange(0, NB)
+            bv = b < hi
+            these = following
+            ahead = b + NB
+            ahead = tl.where(ahead < hi, ahead, b)  # in range, so that no mask is needed when EVEN
+            following = _weights(planes, ahead, bv, R, EVEN)
+            acc += _products(*these, *_x(x, b, bv, R, EVEN, XVEC), USE_ASM)
+    else:
+        for b0 in range(lo, hi, NB):
+            b = b0 + tl.arange(0, NB)
+            bv = b < hi
+            acc += _products(*_weights(planes, b, bv, R, EVEN), *_x(x, b, bv, R, EVEN, XVEC), USE_ASM)
+    rows = g * R + tl.arange(0, R)
+    store_rows(y_ptr, out_ptr, lock_ptr, tl.sum(tl.sum(acc, 2), 1)[None, :], rows, N, stride_ys, stride_ym,
+               1, 1, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+
+
+@triton.jit
+def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr):
+    """Super-blocks b (NB,) of the group's R rows: words (R, NB, 8, 4), (R, NB, 8) sc and mn, (R, NB, 1)
+    the (d, dmin) pair; `bv` masks them unless EVEN. Rows lead the shapes: Triton then lays a warp's
+    lanes along them (its order among dimensions of equal contiguity is by index) and keeps a
+    super-block's sub-blocks in one lane. dm's offsets pass through a select, which hides their
+    contiguity along the rows: one word a lane, in the words' lane layout (no conversion; see
+    `_matvec_q4k_planar._loads`)."""
+    qs, scm_ptr, dm_ptr = planes
+    r2 = tl.arange(0, R)[:, None]
+    r = r2[:, :, None]
+    j = tl.arange(0, 8)[None, None, :]
+    s = b[None, :, None] * 8 + j  # (1, NB, 8) sub-blocks
+    m3 = None if EVEN else bv[None, :, None]
+    z = None if EVEN else 0
+    words = tl.load(
+        qs + ((s * R + r) * 4)[:, :, :, None] + tl.arange(0, 4)[None, None, None, :],
+        mask=None if EVEN else bv[None, :, None, None],
+        other=z,
+    )
+    scm_at = scm_ptr + (b[None, :, None] * R + r) * 16 + j
+    sc = tl.load(scm_at, mask=m3, other=z)
+    mn = tl.load(scm_at + 8, mask=m3, other=z)
+    bh = tl.where(bv, b, 0)[None, :]
+    pair = tl.load(dm_ptr + bh * R + r2, mask=None if EVEN else bv[None, :], other=z)
+    return words, sc, mn, pair[:, :, None]
+
+
+@triton.jit
+def _x(x, b, bv, R: tl.constexpr, EVEN: tl.constexpr, XVEC: tl.constexpr):
+    """x for super-blocks b (NB,): its low and high words (R, NB, 8, 4) and (R, NB, 8) dx and sums, at
+    one address across the rows (a broadcast). dx and the sums load one a lane through a select, or
+    with XVEC four a lane as (R, NB, 2, 4), reshaped."""
+    xq_ptr, xd_ptr, xs_ptr = x
+    r = tl.arange(0, R)[:, None, None]
+    s = b[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]  # (1, NB, 8) sub-blocks
+    m3 = None if EVEN else bv[None, :, None]
+    m4 = None if EVEN else bv[None, :, None, None]
+    z = None if EVEN else 0
+    xq_at = xq_ptr + (s * 8 + 0 * r)[:, :, :, None] + tl.arange(0, 4)[None, None, None, :]
+    x_lo = tl.load(xq_at, mask=m4, other=z)
+    x_hi = tl.load(xq_at + 4, mask=m4, other=z)
+    if XVEC:
+        q = tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+        at = (b[None, :, None, None] * 8 + 0 * r[:, :, :, None]) + q
+        xd = tl.reshape(tl.load(xd_ptr + at, mask=m4, other=z), (R, b.shape[0], 8))
+        xs = tl.reshape(tl.load(xs_ptr + at, mask=m4, other=z), (R, b.shape[0], 8))
+    else:
+        sh = tl.where(bv[None, :, None], s, 0) + 0 * r
+        xd = tl.load(xd_ptr + sh, mask=m3, other=z)
+        xs = tl.load(xs_ptr + sh, mask=m3, other=z)
+    return x_lo, x_hi, xd, xs
+
+
+@triton.jit
+def _products(words, sc, mn, pair, x_lo, x_hi, xd, xs, USE_ASM: tl.constexpr):
+    """The (R, NB, 8) products of each row's sub-blocks with x, scaled: `_row_part` of the planar
+    int8 kernel, element for element."""
+    dot = _dp4a(words & 0x0F0F0F0F, x_lo, tl.zeros(words.shape, tl.int32), USE_ASM)
+    dot = _dp4a((words >> 4) & 0x0F0F0F0F, x_hi, dot, USE_ASM)
+    d = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    dmin = ((pair >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
+    d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
+    return d_sc * (tl.sum(dot, 3).to(tl.float32) * xd) - d_mn * xs
+
+
+def q4_k_rows_int8_matvec(
+    xq: torch.Tensor,
+    xd: torch.Tensor,
+    xs: torch.Tensor,
+    planes: tuple[torch.Tensor, ...],
+    n: int,
+    k: int,
+    out: torch.Tensor,
+    config: RowsConfig,
+    *,
+    bias: torch.Tensor | None = None,
+    accumulate: bool = False,
+    use_asm: bool = True,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """out (1, n) = x @ W^T (+ bias; with `accumulate`, added to out) for x quantized by
+    `int8_inputs.quantize_x(x, planar=True)` (xq, xd, xs) and W's planes from `interleave_rows(planes,
+    config.rows)`. Under split-K, `workspace` is (fp32 partials (split_k, 1, n), int32 counters of at
+    least ceil(n / rows), zero)."""
+    c = config
+    if c.split_k > 1 and workspace is None:
+        raise ValueError("split_k > 1 needs workspace=(partials (split_k, 1, n) fp32, zeroed int32 counters)")
+    y, locks = workspace if workspace is not None else (out, out)
+    q4_k_rows_int8_matvec_kernel[(triton.cdiv(n, c.rows), c.split_k)](
+        xq, xd, xs, y, out, locks, out if bias is None else bias, *planes, n, k,
+        y.stride(0) if c.split_k > 1 else 0, out.stride(0),
+        R=c.rows, NB=c.step, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm,
+        EVEN=k // 256 % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch, ADD=accumulate,
+        num_warps=c.num_warps, **launch_args(out.device),
+    )  # fmt: skip
+    return out
