@@ -114,7 +114,8 @@ def q4k_layers(monkeypatch, rows_copy: bool, n: int, k: int, seed: int) -> tuple
     row-interleaved copy (STRATA_Q4K_ROWS)."""
     monkeypatch.setenv("STRATA_Q4K_ROWS", "1" if rows_copy else "0")
     place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
-    one = QuantLinear(random_weight(T.Q4_K, n, k, seed=seed), T.Q4_K, (n, k), place)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(seed))  # qwen2's q, k, v have one
+    one = QuantLinear(random_weight(T.Q4_K, n, k, seed=seed), T.Q4_K, (n, k), place, bias)
     parts = {
         name: QuantLinear(random_weight(T.Q4_K, n, k, seed=seed + i), T.Q4_K, (n, k), place)
         for i, name in enumerate("qk")
