@@ -54,14 +54,14 @@ SMOKE_SHAPES = [("tiny", 72, 768)]
 
 def candidates(n: int, k: int, smoke: bool) -> list[tuple[int, int, int, int, bool, bool]]:
     """(rows, super-blocks a step, split, warps, xvec, prefetch): a lane per row, warps across rows,
-    then steps; splits 1, 2, 4 (and 8 below 8,192 rows), each plain, with vector x scales, and with
-    those and the next step's weights prefetched."""
+    then steps; splits 1, 2, 4 (and 8 below 8,192 rows), each plain, with the next step's weights
+    prefetched, and with that and x's scales in 16-byte loads."""
     if smoke:
         return [(32, 1, 1, 1, False, False), (32, 2, 2, 2, True, False), (64, 1, 3, 2, True, True)]
     out = []
     splits = (1, 2, 4, 8) if n < 8192 else (1, 2, 4)
     for (rows, step), split, (xvec, prefetch) in itertools.product(
-        ((32, 1), (32, 2), (64, 1), (64, 2), (128, 1)), splits, ((False, False), (True, False), (True, True))
+        ((32, 1), (32, 2), (64, 1), (64, 2), (128, 1)), splits, ((False, False), (False, True), (True, True))
     ):
         if split > 1 and k // 256 // split < step:
             continue

@@ -6,9 +6,10 @@ differ from lane to lane, so per 512 bytes of weights a warp also moves about 60
 scales through L1, which Nsight Compute shows as the bound (L1/TEX ~87 %, DRAM ~43 %). Here the planes
 are regrouped by R rows (`interleave_rows`): sub-block s of rows g * R .. g * R + R - 1 lie side by
 side, so a warp's 32 lanes read 32 rows' words of one sub-block in one 512-byte run, and x, dx and the
-x sums are the same address for every lane (one L1 wavefront each, a broadcast). The scales follow the
-same order, 32 lanes reading 32 consecutive bytes. Each row's products are those of the planar int8
-kernel (`_row_part`), summed in another order: the tests hold it to the same tolerance.
+x sums are the same address for every lane (one L1 wavefront each, a broadcast). A lane takes a whole
+super-block of its row: 8 words loads, one 8-byte load each of its scales and mins (a super-block's
+16 scale bytes are one record per row) and one word of d and dmin. Each row's products are those of
+the planar int8 kernel (`_row_part`), summed in another order: the tests hold it to the same tolerance.
 """
 
 from dataclasses import dataclass, replace
@@ -72,14 +73,15 @@ class RowsConfig:
 
 
 def rows_config(n: int, k: int, rows: int, num_sms: int) -> RowsConfig:
-    """The launch for an (n, k) weight regrouped by `rows` rows: one super-block a step, a warp per 32
-    rows, 16-byte x scales, the next step prefetched, and K split until about 32 warps per SM are
-    resident (at most 8 ways, at least one super-block a split). A first guess, untimed:
+    """The launch for an (n, k) weight regrouped by `rows` rows: one super-block a step and x's scales
+    one a lane (the forms that compile without barriers in Triton 3.9 as in 3.6; `compile_check`), a
+    warp per 32 rows, the next step prefetched, and K split until about 32 warps per SM are resident
+    (at most 8 ways, at least one super-block a split). A first guess, untimed:
     benchmarks/gpu_q4k_rows.py sweeps these."""
     warps = rows // 32
     programs = -(-n // rows)
     split = max(1, min(8, k // 256, -(-32 * num_sms // (programs * warps))))
-    return RowsConfig(rows, 1, split, warps, xvec=True, prefetch=True)
+    return RowsConfig(rows, 1, split, warps, xvec=False, prefetch=True)
 
 
 @triton.jit
@@ -93,9 +95,10 @@ def q4_k_rows_int8_matvec_kernel(
     """Program (g, split) sums rows g * R .. over its split's super-blocks, NB a step, for one x row
     (M = 1). A lane takes one row and a whole super-block: its 8 sub-blocks' words, their 16 scale
     bytes in one load, d and dmin in another. EVEN: the steps cover the super-blocks exactly (no
-    masks). XVEC: dx and the x sums in 16-byte loads (`_x`). PREFETCH: each step's weights are loaded
-    before the step before it computes (the last step reloads its own instead of reading past the
-    end). The same sums in every variant."""
+    masks). XVEC: dx and the x sums in 16-byte loads (`_x`; Triton 3.9 converts them every step, 3.6
+    does not). NB > 1 also converts under 3.9 (`compile_check` counts the barriers). PREFETCH: each
+    step's weights are loaded before the step before it computes (the last step reloads its own
+    instead of reading past the end). The same sums in every variant."""
     g = tl.program_id(0)
     n_blk = K // 256
     lo, hi = split_range(n_blk, NB, SPLIT_K)
@@ -126,23 +129,26 @@ def q4_k_rows_int8_matvec_kernel(
 
 @triton.jit
 def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr):
-    """Super-blocks b (NB,) of the group's R rows: words (R, NB, 8, 4), (R, NB, 8) sc and mn, (R, NB, 1)
-    the (d, dmin) pair; `bv` masks them unless EVEN. Rows lead the shapes: Triton then lays a warp's
-    lanes along them (its order among dimensions of equal contiguity is by index) and keeps a
-    super-block's sub-blocks in one lane. dm's offsets pass through a select, which hides their
-    contiguity along the rows: one word a lane, in the words' lane layout (no conversion; see
-    `_matvec_q4k_planar._loads`)."""
+    """Super-blocks b (NB,) of the group's R rows: words (R, NB, 8, 4) (`_rows_first`: a lane per row,
+    a super-block's sub-blocks in one lane), (R, NB, 8) sc and mn (8 contiguous bytes a lane), (R, NB,
+    1) the (d, dmin) pair; `bv` masks them unless EVEN. dm's offsets pass through a select, which
+    hides their contiguity along the rows: one word a lane, in the words' lane layout (no conversion;
+    see `_matvec_q4k_planar._loads`)."""
     qs, scm_ptr, dm_ptr = planes
     r2 = tl.arange(0, R)[:, None]
     r = r2[:, :, None]
     j = tl.arange(0, 8)[None, None, :]
-    s = b[None, :, None] * 8 + j  # (1, NB, 8) sub-blocks
     m3 = None if EVEN else bv[None, :, None]
     z = None if EVEN else 0
-    words = tl.load(
-        qs + ((s * R + r) * 4)[:, :, :, None] + tl.arange(0, 4)[None, None, None, :],
-        mask=None if EVEN else bv[None, :, None, None],
-        other=z,
+    words = _rows_first(
+        tl.load(
+            qs
+            + (b[:, None] * 8 + tl.arange(0, 8)[None, :])[:, :, None] * (R * 4)
+            + tl.arange(0, R * 4)[None, None, :],
+            mask=None if EVEN else bv[:, None, None],
+            other=z,
+        ),
+        R,
     )
     scm_at = scm_ptr + (b[None, :, None] * R + r) * 16 + j
     sc = tl.load(scm_at, mask=m3, other=z)
@@ -150,6 +156,15 @@ def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr):
     bh = tl.where(bv, b, 0)[None, :]
     pair = tl.load(dm_ptr + bh * R + r2, mask=None if EVEN else bv[None, :], other=z)
     return words, sc, mn, pair[:, :, None]
+
+
+@triton.jit
+def _rows_first(t, R: tl.constexpr):
+    """(NB, 8, R * 4) words, a row's four contiguous, -> (R, NB, 8, 4). Loaded with rows and words as
+    one contiguous dimension, every Triton version lays lanes along the rows (by contiguity, not by its
+    order among equally contiguous dimensions, which 3.6 and 3.9 take opposite ways); the reshape and
+    the permutation move no data."""
+    return tl.permute(tl.reshape(t, (t.shape[0], 8, R, 4)), (2, 0, 1, 3))
 
 
 @triton.jit
@@ -163,9 +178,10 @@ def _x(x, b, bv, R: tl.constexpr, EVEN: tl.constexpr, XVEC: tl.constexpr):
     m3 = None if EVEN else bv[None, :, None]
     m4 = None if EVEN else bv[None, :, None, None]
     z = None if EVEN else 0
-    xq_at = xq_ptr + (s * 8 + 0 * r)[:, :, :, None] + tl.arange(0, 4)[None, None, None, :]
-    x_lo = tl.load(xq_at, mask=m4, other=z)
-    x_hi = tl.load(xq_at + 4, mask=m4, other=z)
+    sb = b[:, None] * 8 + tl.arange(0, 8)[None, :]  # (NB, 8)
+    xq_at = xq_ptr + (sb * 8)[:, :, None] + (tl.arange(0, R * 4) % 4)[None, None, :]
+    x_lo = _rows_first(tl.load(xq_at, mask=None if EVEN else bv[:, None, None], other=z), R)
+    x_hi = _rows_first(tl.load(xq_at + 4, mask=None if EVEN else bv[:, None, None], other=z), R)
     if XVEC:
         q = tl.arange(0, 2)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
         at = (b[None, :, None, None] * 8 + 0 * r[:, :, :, None]) + q
