@@ -4,6 +4,8 @@
 #   2. benchmarks/gpu_engine.py: parity, kernel profile, speed            (SKIP_ENGINE=1)
 #   3. `strata bench ab strata strata --device cuda`: the token gate      (SKIP_AB=1)
 #   4. benchmarks/gpu_matvec_graph.py: matvec tiles timed in graphs       (MATVEC_SWEEP=1 adds it)
+#   4a. benchmarks/gpu_q4k_rows.py: the row-interleaved Q4_K kernel against the planar default in
+#      graphs (ROWS_SWEEP=1 adds it, ROWS_ARGS to it; about 5 minutes for the 7B's shapes)
 #   4b. Q4_K layouts on the 7B: `bench ab strata:q4k_layout=blocks strata:q4k_layout=planar`, decode
 #      b1, decode of 8 sequences, prefill 2,048, (asked for) 64 sequences (LAYOUT_AB=1 adds it; about 3 minutes)
 #   4c. int8 x for Q6_K, Q8_0, Q5_0 end to end: `bench ab strata strata:int8_x=...`, decode b1 on
@@ -39,7 +41,8 @@ tests="tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tes
     tests/test_kernels_dequant_packed.py tests/test_model_kernel_path.py tests/test_act_in_quant.py
     tests/test_quant_in_norm.py tests/test_kernels_matvec_variants.py tests/test_decode_settings.py
     tests/test_rope_in_attention.py tests/test_concurrent_projections.py tests/test_dense_copy.py
-    tests/test_cuda_graphs_bound.py tests/test_norm_in_matvec.py tests/test_widen_to_stack.py"
+    tests/test_cuda_graphs_bound.py tests/test_norm_in_matvec.py tests/test_widen_to_stack.py
+    tests/test_kernels_q4k_rows.py"
 if [ -z "${SKIP_TESTS:-}" ]; then
     timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q --noconftest -p no:cacheprovider $tests ${PYTEST_K:+-k "$PYTEST_K"} \
         >"$OUT/pytest.txt" 2>&1
@@ -53,6 +56,8 @@ model=/tmp/strata-synth/qwen2.5-0.5b.gguf
     -p 512 -n 128 --pairs 2 --out "$OUT/ab" 2>&1 | tail -12
 [ -z "${MATVEC_SWEEP:-}" ] || timeout 300 python3 benchmarks/gpu_matvec_graph.py ${MATVEC_ARGS:-} 2>&1 |
     tee "$OUT/matvec.txt" | tail -24
+[ -z "${ROWS_SWEEP:-}" ] || timeout 420 python3 benchmarks/gpu_q4k_rows.py ${ROWS_ARGS:---models 7b} 2>&1 |
+    tee "$OUT/rows.txt" | grep -v "^7b\|^1.5b" | tail -12
 if [ -n "${LAYOUT_AB:-}" ]; then
     [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] || python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
     pair="strata:q4k_layout=blocks strata:q4k_layout=planar --device cuda --model /tmp/strata-synth/qwen2.5-7b.gguf"
