@@ -39,6 +39,7 @@ import torch.nn.functional as F
 import triton
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from strata.kernels.int8_inputs import int8_order
 from strata.kernels.paged_attention import choose_num_splits, paged_decode_attention
 from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec
 from strata.kernels.quant_pack import pack_quant_weight
@@ -161,6 +162,9 @@ def run_matvec(args: argparse.Namespace, device: str, sms: int, log: Log) -> lis
                 x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
                 ref = x.float() @ w32.T
                 tol = torch.finfo(torch.bfloat16).eps * ref.abs() + 1e-5 * (x.float().abs() @ w32.abs().T)
+                if int8_order(packed) is not None:  # bf16 x quantized per 32 to int8 (STRATA_INT8_X)
+                    dx = x.float().view(m, -1, 32).abs().amax(-1, keepdim=True) / 127
+                    tol += (dx / 2).expand(-1, -1, 32).reshape(m, k) @ w32.abs().T
                 base_ms = bench_ms(partial(F.linear, x, w16), args.smoke)
                 moved = packed.nbytes + x.numel() * 2 + m * n * 2
                 case = f"{name} {n}x{k} M={m}"

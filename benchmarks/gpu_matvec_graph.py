@@ -27,6 +27,7 @@ import math
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -164,19 +165,20 @@ def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: Config)
 
 
 def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, calls: int) -> float:
-    w0 = weights[0]
-    out = torch.empty(x.shape[0], w0.n, dtype=x.dtype, device=x.device)
-    run = [weights[i % len(weights)] for i in range(calls)]
+    out = torch.empty(x.shape[0], weights[0].n, dtype=x.dtype, device=x.device)
+    return graph_call_us(lambda i: launch(x, weights[i % len(weights)], out, cfg), calls)
 
-    def step() -> None:
-        for w in run:
-            launch(x, w, out, cfg)
 
-    step()  # compiles
+def graph_call_us(run: Callable[[int], None], calls: int) -> float:
+    """Median per-call time of a CUDA graph of `calls` launches (run(i) launches call i), over 7
+    replays, after one eager pass (which compiles)."""
+    for i in range(calls):
+        run(i)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step()
+        for i in range(calls):
+            run(i)
     times = []
     for _ in range(7):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -6,7 +6,7 @@ kernel's default tile, side by side, inside CUDA graphs, on the 7B's and 1.5B's 
 
 Both kernels read the same x, quantized once (`quantize_x`, planar order; not timed). Each candidate
 is first checked against the baseline's output and the float64 reference on a NaN-poisoned output;
-a failing one is not timed. Timing is `gpu_matvec_graph.py`'s: a graph of `--calls` launches, each on
+a failing one is not timed. Timing is `gpu_matvec_graph.graph_call_us`: a graph of `--calls` launches, each on
 its own copy of the weight (enough copies to exceed the L2), median replay per call; the baseline and
 the candidates are timed in turn, `--rounds` times, and each figure is the median of its rounds.
 """
@@ -31,6 +31,7 @@ from gguf.constants import GGMLQuantizationType
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
+from gpu_matvec_graph import graph_call_us  # noqa: E402
 
 from strata.kernels._matvec_q4k_rows import (  # noqa: E402
     ROWS,
@@ -67,26 +68,6 @@ def candidates(n: int, k: int, smoke: bool) -> list[tuple[int, int, int, int, bo
             continue
         out.append((rows, step, split, rows // 32 * step, xvec, prefetch))
     return out
-
-
-def graph_us(run: Callable[[int], None], calls: int) -> float:
-    """Median per-call time of a graph of `calls` launches (run(i) launches call i)."""
-    for i in range(calls):  # compiles
-        run(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            run(i)
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: torch.Generator):
@@ -151,7 +132,7 @@ def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: 
     times: dict[str, list[float]] = {a: [] for a in arms}
     for _ in range(args.rounds):
         for label, run in arms.items():
-            times[label].append(graph_us(run, args.calls))
+            times[label].append(graph_call_us(run, args.calls))
     med = {a: statistics.median(t) for a, t in times.items()}
     best = min((a for a in med if a != "baseline"), key=med.__getitem__)
     for a, t in sorted(med.items(), key=lambda kv: kv[1]):

@@ -1,0 +1,24 @@
+"""The GPU benchmark scripts' own smoke runs (`--smoke`: tiny shapes in Triton's interpreter, every
+candidate checked against the reference, nothing timed), so a script that no longer runs is found
+here rather than on the GPU machine, where device time is scarce."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.mark.parametrize("script", ["gpu_kernels.py", "gpu_matvec_graph.py", "gpu_q4k_rows.py"])
+def test_benchmark_smoke_run(script: str):
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--smoke"], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "checks failed: 0" in done.stdout or "0 failed" in done.stdout
