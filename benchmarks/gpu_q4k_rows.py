@@ -33,16 +33,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
 from gpu_matvec_graph import graph_call_us  # noqa: E402
 
-from strata.kernels._matvec_q4k_rows import (  # noqa: E402
-    ROWS,
-    RowsConfig,
-    interleave_rows,
-    q4_k_rows_int8_matvec,
-    rows_config,
-)
+from strata.kernels._matvec_q4k_rows import RowsConfig, q4_k_rows_int8_matvec, rows_config  # noqa: E402
 from strata.kernels.int8_inputs import quantize_x  # noqa: E402
 from strata.kernels.quant_matvec import default_config, quant_matvec  # noqa: E402
-from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
+from strata.kernels.quant_pack import ROWS, interleave_rows, pack_quant_weight  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
 
 Q4_K = GGMLQuantizationType.Q4_K
@@ -70,6 +64,12 @@ def candidates(n: int, k: int, smoke: bool) -> list[tuple[int, int, int, int, bo
     return out
 
 
+def kernel_planes(planar: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """The planar planes regrouped by `rows` rows as the kernel takes them (qs and dm as int32)."""
+    qs, scm, dm = interleave_rows(planar, rows)
+    return qs.view(torch.int32), scm, dm.view(torch.int32)
+
+
 def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: torch.Generator):
     """Check every candidate on one shape, then time the baseline and the correct ones in turn;
     returns (the table row or None under --smoke, the number of failed checks)."""
@@ -94,14 +94,14 @@ def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: 
     by_rows: dict[int, list[tuple[torch.Tensor, ...]]] = {}
     failures = 0
     sms = 132 if args.smoke else torch.cuda.get_device_properties(device).multi_processor_count
-    default = astuple(rows_config(n, k, ROWS, sms))  # what STRATA_Q4K_ROWS launches
+    default = astuple(rows_config(n, k, ROWS, sms))  # what STRATA_Q4K_LAYOUT=rows launches
     for rows, step, split, warps, xvec, prefetch in [*candidates(n, k, args.smoke), default]:
         label = (
             f"rows {rows} step {step} split {split} warps {warps}" + " xvec" * xvec + " prefetch" * prefetch
         )
         if (rows, step, split, warps, xvec, prefetch) == default:
             label += " (rows_config)"
-        planes = by_rows.setdefault(rows, [interleave_rows(w.planes, rows) for w in packed])
+        planes = by_rows.setdefault(rows, [kernel_planes(w.planes, rows) for w in packed])
         ws = (
             torch.zeros(split, 1, n, device=device),
             torch.zeros(-(-n // rows), dtype=torch.int32, device=device),

@@ -35,11 +35,16 @@ def triton_on_cpu() -> bool:
 
 def q4k_layout() -> str:
     """STRATA_Q4K_LAYOUT: how Q4_K weights are packed for the GPU kernels, "blocks" (the GGUF blocks
-    as stored) or "planar" (see strata.kernels.quant_pack); the default is "planar", faster or neutral
-    on every case of the 7B's paired suite on an H200 (benchmarks/RESULTS.md, 2026-12-04)."""
+    as stored), "planar" or "rows" (see strata.kernels.quant_pack); the default is "planar", faster or
+    neutral on every case of the 7B's paired suite on an H200 (benchmarks/RESULTS.md, 2026-12-04).
+    "rows" (opt-in, untimed) regroups the planar planes by 64 rows for a one-row int8 matvec whose
+    warps take 32 rows of one super-block (`kernels._matvec_q4k_rows`); the other paths read it with
+    the planar kernels."""
     value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "planar"
-    if value not in ("blocks", "planar"):
-        raise ValueError(f"STRATA_Q4K_LAYOUT={value!r} is not a layout; set blocks or planar, or unset it")
+    if value not in ("blocks", "planar", "rows"):
+        raise ValueError(
+            f"STRATA_Q4K_LAYOUT={value!r} is not a layout; set blocks, planar or rows, or unset it"
+        )
     return value
 
 
@@ -135,15 +140,6 @@ def dense_copy() -> bool:
     memory (the 7B: about 5.4 GB in bf16) for less traffic per batched step (2 bytes a weight read
     instead of about 4.6 read and written)."""
     return _level("STRATA_DENSE_COPY", "0", ("0", "1")) == "1"
-
-
-def q4k_rows() -> bool:
-    """STRATA_Q4K_ROWS=1 (opt-in, for measurement; untimed end to end): on the GPU kernel path each
-    Q4_K weight in the planar layout also keeps a copy regrouped by rows (`kernels._matvec_q4k_rows`),
-    which the one-row int8 matvec of a decode step reads instead: a warp's lanes take 32 rows of one
-    super-block, so x and the scales reach a warp in one load each. Twice the Q4_K weights' memory (the
-    7B: about 4.4 GB more) until every Q4_K path reads that layout."""
-    return _level("STRATA_Q4K_ROWS", "0", ("0", "1")) == "1"
 
 
 def concurrent_projections() -> bool:

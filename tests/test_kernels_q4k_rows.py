@@ -1,7 +1,9 @@
-"""The row-interleaved Q4_K int8 matvec (`_matvec_q4k_rows`) against the planar int8 kernel it
-regroups: the same per-sub-block products summed in another order, so within fp32 rounding of the
-sum; ragged row counts (groups padded past n), splits 1-3, steps that do and do not cover K evenly.
-And its opt-in copy on the layers (STRATA_Q4K_ROWS): one-row matvecs read it, wider ones do not."""
+"""Q4_K's "rows" layout (quant_pack) and its one-row int8 matvec (`_matvec_q4k_rows`). The kernel
+against the planar int8 kernel it regroups: the same per-sub-block products summed in another order,
+so within fp32 rounding of the sum; ragged row counts (groups padded past n), splits 1-3, steps that
+do and do not cover K evenly. Every other path on the layout (the planar kernels through `row_at`:
+wider matvecs, fp32 x, the fused matmul, `dequantize_packed`) against the planar layout, bit for bit;
+the layers stacking it (q+k) and the layout's regrouping and its inverse."""
 
 from __future__ import annotations
 
@@ -16,18 +18,12 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from strata.kernels._matvec_q4k_rows import (  # noqa: E402
-    ROWS,
-    RowsConfig,
-    interleave_rows,
-    q4_k_rows_int8_matvec,
-    rows_config,
-    with_rows,
-)
+from strata.kernels._matvec_q4k_rows import RowsConfig, q4_k_rows_int8_matvec, rows_config  # noqa: E402
 from strata.kernels.dequant_packed import dequantize_packed  # noqa: E402
 from strata.kernels.int8_inputs import quantize_x, use_asm  # noqa: E402
+from strata.kernels.quant_matmul import MatmulConfig, quant_matmul  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
-from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
+from strata.kernels.quant_pack import ROWS, deinterleave_rows, interleave_rows, pack_quant_weight  # noqa: E402
 from strata.layers.linear import Projections, QuantLinear  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
@@ -48,7 +44,8 @@ def rows_against_planar(
         torch.zeros(split, 1, n, device=DEVICE),
         torch.zeros(groups, dtype=torch.int32, device=DEVICE),
     )
-    planes = interleave_rows(packed.planes, rows)
+    qs, scm, dm = interleave_rows(packed.planes, rows)
+    planes = (qs.view(torch.int32), scm, dm.view(torch.int32))
     y = q4_k_rows_int8_matvec(
         *quantize_x(x, planar=True), planes, n, k, out, RowsConfig(rows, step, split, warps, xvec, prefetch),
         use_asm=use_asm(x),
@@ -92,29 +89,67 @@ def test_interleave_rows_moves_bytes_only():
     n, k, rows = 37, k_for(T.Q4_K, 3), 32
     packed = pack_quant_weight(random_weight(T.Q4_K, n, k, seed=5), T.Q4_K, n, k, "planar")
     qs, scm, dm = interleave_rows(packed.planes, rows)
-    pad = 2 * rows - n
     sub, blk = k // 32, k // 256
     # Row r's sub-block s words sit at (group, s, r % rows); its block's scales at (group, b, r % rows).
     r, s = 35, 17
     g, i = divmod(r, rows)
-    assert torch.equal(
-        qs.view(2, sub, rows, 4)[g, s, i], packed.planes[0].view(torch.int32).view(n, sub, 4)[r, s]
-    )
+    assert torch.equal(qs.view(2, sub, rows, 16)[g, s, i], packed.planes[0].view(n, sub, 16)[r, s])
     b, j = divmod(s, 8)
     assert scm.view(2, blk, rows, 16)[g, b, i, j] == packed.planes[1][r, s]
     assert scm.view(2, blk, rows, 16)[g, b, i, 8 + j] == packed.planes[2][r, s]
-    assert dm.view(2, blk, rows)[g, b, i] == packed.planes[3].view(torch.int32)[r, b]
-    # Padding is zero and nothing else was added.
-    assert qs.numel() * 4 == packed.planes[0].numel() * (n + pad) // n
-    assert int(qs.view(2, sub, rows, 4)[1, :, n - rows :].abs().sum()) == 0
+    assert torch.equal(dm.view(2, blk, rows, 2)[g, b, i], packed.planes[3].view(n, blk, 2)[r, b])
+    # Padding is zero, and the inverse gives the planar planes back.
+    assert int(qs.view(2, sub, rows, 16)[1, :, n - rows :].abs().sum()) == 0
+    back = deinterleave_rows((qs, scm, dm), n, rows)
+    assert all(torch.equal(a, b) for a, b in zip(back, packed.planes, strict=True))
 
 
-def q4k_layers(monkeypatch, rows_copy: bool, n: int, k: int, seed: int) -> tuple[QuantLinear, QuantLinear]:
-    """A Q4_K layer of n rows and a stack of two (q and k of a projection), with or without the
-    row-interleaved copy (STRATA_Q4K_ROWS)."""
-    monkeypatch.setenv("STRATA_Q4K_ROWS", "1" if rows_copy else "0")
+def layouts(n: int, k: int, seed: int):
+    raw = random_weight(T.Q4_K, n, k, seed=seed).to(DEVICE)
+    planar = pack_quant_weight(raw, T.Q4_K, n, k, "planar")
+    rows = pack_quant_weight(raw, T.Q4_K, n, k, "rows")
+    assert rows.layout == "rows" and rows.rows_group == ROWS and rows.planar
+    return planar, rows
+
+
+# The planar kernels read the "rows" layout through `row_at`: the same values in the same order.
+@pytest.mark.parametrize(
+    "m,dtype,config",
+    [
+        (3, torch.bfloat16, None),  # int8 x, the planar int8 kernel
+        (1, torch.float32, None),  # fp32 x
+        (2, torch.float32, MatvecConfig(8, 256, 2, prefetch=True, paired_dm=True)),
+        (1, torch.bfloat16, MatvecConfig(8, 512, 3, int8_x=True, flat_acc=True, scalar_scales=True)),
+    ],
+    ids=str,
+)
+def test_rows_layout_through_the_planar_matvecs(m: int, dtype: torch.dtype, config: MatvecConfig | None):
+    n, k = 100, k_for(T.Q4_K, 3)
+    planar, rows = layouts(n, k, seed=m)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    want = quant_matvec(x, planar, T.Q4_K, n, k, config=config)
+    assert torch.equal(quant_matvec(x, rows, T.Q4_K, n, k, config=config), want)
+
+
+def test_rows_layout_through_the_matmul_and_dequantization():
+    n, k = 100, k_for(T.Q4_K, 2)
+    planar, rows = layouts(n, k, seed=9)
+    x = torch.randn(20, k, device=DEVICE).bfloat16()
+    cfg = MatmulConfig(16, 32, 64, split_k=2)
+    assert torch.equal(quant_matmul(x, rows, config=cfg), quant_matmul(x, planar, config=cfg))
+    assert torch.equal(dequantize_packed(rows, torch.float32), dequantize_packed(planar, torch.float32))
+    ids = torch.tensor([99, 0, 64, 63], device=DEVICE)
+    assert torch.equal(
+        dequantize_packed(rows, torch.bfloat16, rows=ids), dequantize_packed(planar, torch.bfloat16, rows=ids)
+    )
+
+
+def q4k_layers(monkeypatch, layout: str, n: int, k: int, seed: int) -> tuple[QuantLinear, QuantLinear]:
+    """A Q4_K layer of n rows with a bias (as qwen2's q, k, v have) and a stack of two (q and k of a
+    projection, n rows each: with n not a multiple of ROWS a group spans both), in `layout`."""
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", layout)
     place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
-    bias = torch.randn(n, generator=torch.Generator().manual_seed(seed))  # qwen2's q, k, v have one
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(seed))
     one = QuantLinear(random_weight(T.Q4_K, n, k, seed=seed), T.Q4_K, (n, k), place, bias)
     parts = {
         name: QuantLinear(random_weight(T.Q4_K, n, k, seed=seed + i), T.Q4_K, (n, k), place)
@@ -125,14 +160,14 @@ def q4k_layers(monkeypatch, rows_copy: bool, n: int, k: int, seed: int) -> tuple
     return one, stacked
 
 
-def test_rows_copy_serves_one_row_only(monkeypatch):
+def test_rows_layout_on_the_layers(monkeypatch):
     n, k = 40, k_for(T.Q4_K, 3)
-    with_copy = q4k_layers(monkeypatch, True, n, k, seed=3)
-    without = q4k_layers(monkeypatch, False, n, k, seed=3)
-    for a, b in zip(with_copy, without, strict=True):
-        assert a.packed is not None and a.packed.rows is not None and a.packed.rows_group == ROWS
-        assert b.packed is not None and b.packed.rows is None
-        # The stacked layer's copy is regrouped from its stacked planes: row r of q+k is row r.
+    rows = q4k_layers(monkeypatch, "rows", n, k, seed=3)
+    planar = q4k_layers(monkeypatch, "planar", n, k, seed=3)
+    for a, b in zip(rows, planar, strict=True):
+        assert a.packed is not None and a.packed.layout == "rows"
+        assert b.packed is not None and b.packed.layout == "planar"
+        # One row: the rows kernel, within fp32 reordering of the planar int8 kernel.
         x = torch.randn(1, a.in_features, device=DEVICE).bfloat16()
         bound = x.double().abs() @ dequantize_packed(b.packed, torch.float32).double().abs().T
         got, want = a(x).double(), b(x).double()
@@ -141,15 +176,9 @@ def test_rows_copy_serves_one_row_only(monkeypatch):
         base = torch.randn(1, a.out_features, device=DEVICE).bfloat16()
         added = a(x, add_to=base.clone()).double()
         assert (added - b(x, add_to=base.clone()).double()).abs().le(0.02 * added.abs() + 1e-5 * bound).all()
-        # Two rows take the planar kernels: exactly the layer without the copy.
+        # Two rows take the planar kernels on the same values: equal bits.
         x2 = torch.randn(2, a.in_features, device=DEVICE).bfloat16()
         assert torch.equal(a(x2), b(x2))
-
-
-def test_rows_copy_needs_the_planar_layout():
-    packed = pack_quant_weight(random_weight(T.Q8_0, 4, 64, seed=1), T.Q8_0, 4, 64)
-    with pytest.raises(ValueError, match="made from Q4_K's planar layout, not Q8_0"):
-        with_rows(packed)
 
 
 def test_rows_config_fills_the_gpu():

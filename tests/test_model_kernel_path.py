@@ -171,6 +171,21 @@ def bf16_ids(path: Path, **engine: object) -> list[list[int]]:
 
 
 @cuda_only
+def test_gpu_rows_layout_matches_cpu_reference(monkeypatch, tmp_path: Path) -> None:
+    # Q4_K's "rows" layout: fp32 x reads it with the planar kernels (the same sums: the reference's
+    # ids, graphs and eager); bf16's one-row steps take the rows kernel, whose fp32 sums are reordered,
+    # so its ids are held to the planar layout's for the first tokens only (a wrong kernel parts at once).
+    path = tiny(tmp_path, "qwen2.5-1.5b-tiny")
+    ref = greedy_ids(path, "cpu", kernels=False, num_tokens=64)
+    planar_bf16 = bf16_ids(path)
+    monkeypatch.setenv("STRATA_Q4K_LAYOUT", "rows")
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64) == ref
+    assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, cuda_graphs=False) == ref
+    rows_bf16 = bf16_ids(path)
+    assert [ids[:4] for ids in rows_bf16] == [ids[:4] for ids in planar_bf16]
+
+
+@cuda_only
 def test_gpu_quantization_in_the_norm_keeps_the_tokens(monkeypatch, tmp_path: Path) -> None:
     # Graphs: the norms' int8 outputs are quantize_x's, bit for bit.
     path = tiny(tmp_path, "qwen2.5-1.5b-tiny")

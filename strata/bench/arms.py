@@ -25,7 +25,6 @@ ENV_OPTIONS = {
     "split_programs": "STRATA_SPLIT_PROGRAMS",
     "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
     "widen_to_stack": "STRATA_WIDEN_TO_STACK",
-    "q4k_rows": "STRATA_Q4K_ROWS",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

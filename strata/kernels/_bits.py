@@ -16,6 +16,18 @@ def exact_float(u, BIAS: tl.constexpr):
 
 
 @triton.jit
+def row_at(r, c, stride, R: tl.constexpr, U: tl.constexpr, W: tl.constexpr):
+    """The offset of column c of row r in a planar plane (row stride `stride`): r * stride + c; or, with
+    R rows per group (quant_pack's "rows" layout, `stride` then a group's), in the plane regrouped so
+    that each run of U columns of a group's R rows lies side by side in records of W >= U elements."""
+    if R == 0:  # noqa: SIM108 (one branch compiled, by the constexpr)
+        at = r * stride + c
+    else:
+        at = (r // R) * stride + (c // U) * (W * R) + (r % R) * W + c % U
+    return at
+
+
+@triton.jit
 def split_range(num_units, UNITS: tl.constexpr, SPLIT_K: tl.constexpr):
     """[lo, hi) of the K units (blocks, chunks) this program's split covers; lo is a multiple of UNITS."""
     per_split = tl.cdiv(tl.cdiv(num_units, SPLIT_K), UNITS) * UNITS

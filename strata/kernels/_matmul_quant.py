@@ -20,9 +20,10 @@ Hopper's wgmma may read from registers) and a small M becomes the instruction's 
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import exact_float, sum_splits
+from strata.kernels._bits import exact_float, row_at, sum_splits
 from strata.kernels._matvec_kquant import _q4_k_scale_min
 from strata.kernels._matvec_lowbit import IQ2_XS_SIGNS, grid_value, iq2_scale
+from strata.kernels.quant_pack import ROWS
 
 # Static ids of the types (the GGML enum values) so the kernel can branch on a constexpr.
 Q4_0: tl.constexpr = tl.constexpr(2)
@@ -36,11 +37,14 @@ IQ2_S: tl.constexpr = tl.constexpr(22)
 IQ4_XS: tl.constexpr = tl.constexpr(23)
 # Not a GGML id: Q4_K in quant_pack's planar layout (`kernel_type` picks it).
 Q4_K_PLANAR: tl.constexpr = tl.constexpr(112)
+# Not a GGML id either: Q4_K in quant_pack's "rows" layout (the planar planes regrouped by ROWS rows).
+Q4_K_ROWS: tl.constexpr = tl.constexpr(113)
+ROWS_GROUP: tl.constexpr = tl.constexpr(ROWS)
 
 
 def kernel_type(qtype: int, layout: str) -> int:
     """The QTYPE the kernels branch on for a packed weight of this GGML type and layout."""
-    return Q4_K_PLANAR.value if layout == "planar" else qtype
+    return {"planar": Q4_K_PLANAR.value, "rows": Q4_K_ROWS.value}.get(layout, qtype)
 
 
 @triton.jit
@@ -80,13 +84,14 @@ def _group_scales(QTYPE: tl.constexpr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s
         sc, mn = _q4_k_scale_min(p0_ptr, hdr, (t3 % 16) // 2)
         mul = tl.load(p1_ptr + hdr // 2).to(tl.float32) * sc
         sub = tl.load(p1_ptr + hdr // 2 + 1).to(tl.float32) * mn
-    elif QTYPE == Q4_K_PLANAR:
+    elif QTYPE == Q4_K_PLANAR or QTYPE == Q4_K_ROWS:  # noqa: SIM109 (constexpr comparisons)
         # Sub-block t // 2's unpacked scale (p1) and min (p2); d, dmin of super-block t // 16 (p3).
-        dm = p3_ptr + r3 * s3 + (t3 // 16) * 2
-        mul = tl.load(dm).to(tl.float32) * exact_float(tl.load(p1_ptr + r3 * s1 + t3 // 2).to(tl.int32), 0)
-        sub = tl.load(dm + 1).to(tl.float32) * exact_float(
-            tl.load(p2_ptr + r3 * s2 + t3 // 2).to(tl.int32), 0
-        )
+        R: tl.constexpr = ROWS_GROUP if QTYPE == Q4_K_ROWS else 0
+        b2 = (t3 // 16) * 2
+        d = tl.load(p3_ptr + row_at(r3, b2, s3, R, 2, 2)).to(tl.float32)
+        dmin = tl.load(p3_ptr + row_at(r3, b2 + 1, s3, R, 2, 2)).to(tl.float32)
+        mul = d * exact_float(tl.load(p1_ptr + row_at(r3, t3 // 2, s1, R, 8, 16)).to(tl.int32), 0)
+        sub = dmin * exact_float(tl.load(p2_ptr + row_at(r3, t3 // 2, s2, R, 8, 16)).to(tl.int32), 0)
     elif QTYPE == Q6_K:
         # The int8 scale of group t times the super-block's d.
         d = tl.load(p3_ptr + r3 * s3 + t3 // 16).to(tl.float32)
@@ -176,7 +181,14 @@ def _group_quants(QTYPE: tl.constexpr, p0_ptr, p1_ptr, r3, t3, i3, s0, s1):
 
 @triton.jit
 def _planar_quants(
-    words_ptr, rc, first_sub, last_sub, stride_words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+    words_ptr,
+    rc,
+    first_sub,
+    last_sub,
+    stride_words,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr = 0,
 ):
     """Q4_K planar: the quants of sub-blocks first_sub .. (clamped to last_sub) of rows rc as exact
     float32 integers, (BLOCK_N, BLOCK_K // 16, 16) like `_group_quants`. A sub-block's four words
@@ -184,8 +196,12 @@ def _planar_quants(
     reshaping (i, r) puts the 32 elements in order, with no per-byte gather."""
     NS: tl.constexpr = BLOCK_K // 32
     sub = tl.minimum(first_sub + tl.arange(0, NS), last_sub)
-    at = words_ptr + rc[:, None, None] * stride_words + 4 * sub[None, :, None]
-    at += tl.arange(0, 4)[None, None, :]
+    if ROWS == 0:
+        at = words_ptr + rc[:, None, None] * stride_words + 4 * sub[None, :, None]
+        at += tl.arange(0, 4)[None, None, :]
+    else:  # quant_pack's "rows" layout
+        at = words_ptr + row_at(rc[:, None, None], 4 * sub[None, :, None] + tl.arange(0, 4)[None, None, :],
+                                stride_words, ROWS, 4, 4)  # fmt: skip
     shift = 4 * tl.arange(0, 8)[None, None, :, None]
     q = exact_float((tl.load(at)[:, :, None, :] >> shift) & 15, 0)  # (BLOCK_N, NS, 8, 4)
     return tl.reshape(q, (BLOCK_N, BLOCK_K // 16, 16))
@@ -248,13 +264,14 @@ def quant_matmul_kernel(
             # Groups past K repeat the last one (finite, valid bytes) and meet x = 0.
             xt = tl.load(x_rows + kk[None, :], mask=kk[None, :] < K, other=0)
             t3 = tl.minimum(t3, last_group)
-        if QTYPE == Q4_K_PLANAR:
-            q = _planar_quants(p0_ptr, rc, k0 // 32, K // 32 - 1, s0, BLOCK_N, BLOCK_K)
+        if QTYPE == Q4_K_PLANAR or QTYPE == Q4_K_ROWS:  # noqa: SIM109 (constexpr comparisons)
+            R: tl.constexpr = ROWS_GROUP if QTYPE == Q4_K_ROWS else 0
+            q = _planar_quants(p0_ptr, rc, k0 // 32, K // 32 - 1, s0, BLOCK_N, BLOCK_K, R)
         else:
             q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
         t_next = tl.minimum(k0 // 16 + NT + groups, last_group)
         mul_next, sub_next = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_next, s0, s1, s2, s3)
-        w = mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR else mul * q  # noqa: SIM109
+        w = mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR or QTYPE == Q4_K_ROWS else mul * q  # noqa: SIM109
         mul, sub = mul_next, sub_next
         w = tl.reshape(w, (BLOCK_N, BLOCK_K))
         if BF16_AS_F32:

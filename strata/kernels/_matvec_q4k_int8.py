@@ -34,7 +34,7 @@ def q4_k_int8_matvec_kernel(
     X_PER_ROW: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
     PAIRED_DM: tl.constexpr = False,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
     (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums.
@@ -42,7 +42,8 @@ def q4_k_int8_matvec_kernel(
     X_PER_ROW (one row at a time): x's words loaded in the words' layout (`_row_part`); the same sums.
     PREFETCH: each step's weight loads go out before the step before it computes (two steps of
     weights in flight per thread instead of one; Triton pipelines no load of a loop without a dot):
-    the same sums. PAIRED_DM: d and dmin from one 32-bit load (`_loads`); the same sums."""
+    the same sums. PAIRED_DM: d and dmin from one 32-bit load (`_loads`); the same sums. ROWS: the
+    planes in quant_pack's "rows" layout (`_loads`)."""
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
@@ -56,13 +57,13 @@ def q4_k_int8_matvec_kernel(
     if PREFETCH:
         s = lo + js
         words, sc, mn, d, dmin = _loads(
-            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES, PAIRED_DM
+            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES, PAIRED_DM, ROWS
         )
         for s0 in range(lo, hi, NS):
             s = s0 + js
             sn = s + NS  # the next step's loads (masked off past the end)
             w_n, sc_n, mn_n, d_n, dmin_n = _loads(
-                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, SCALAR_SCALES, PAIRED_DM
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, SCALAR_SCALES, PAIRED_DM, ROWS
             )
             acc = _step(acc, x, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
                         X_PER_ROW)  # fmt: skip
@@ -72,7 +73,17 @@ def q4_k_int8_matvec_kernel(
             s = s0 + js
             sv = s < hi
             words, sc, mn, d, dmin = _loads(
-                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, SCALAR=SCALAR_SCALES, PAIRED_DM=PAIRED_DM
+                qs_ptr,
+                sc_ptr,
+                mn_ptr,
+                dm_ptr,
+                rc,
+                s,
+                sv,
+                *strides,
+                SCALAR=SCALAR_SCALES,
+                PAIRED_DM=PAIRED_DM,
+                ROWS=ROWS,
             )  # words (BLOCK_N, NS, 4)
             acc = _step(acc, x, s, sv, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
                         X_PER_ROW)  # fmt: skip

@@ -11,7 +11,7 @@ computes, so a thread keeps two steps of weights in flight instead of one.
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
+from strata.kernels._bits import add_to_row3, exact_float, row_at, split_range, store_rows
 from strata.kernels.pdl import await_inputs
 from strata.kernels.x_loads import load_x, row_inverse_rms
 
@@ -19,7 +19,7 @@ from strata.kernels.x_loads import load_x, row_inverse_rms
 @triton.jit
 def _loads(
     qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, stride_qs, stride_sc, stride_mn, stride_dm,
-    SCALAR: tl.constexpr = False, PAIRED_DM: tl.constexpr = False,
+    SCALAR: tl.constexpr = False, PAIRED_DM: tl.constexpr = False, ROWS: tl.constexpr = 0,
 ):  # fmt: skip
     """The raw planes of sub-blocks s (NS,) of rows rc: words (BLOCK_N, NS, 4), sc, mn, d, dmin.
 
@@ -28,25 +28,31 @@ def _loads(
     the products of words and scales then need no layout conversion (shared memory and two barriers)
     on every step. PAIRED_DM: dm_ptr is the dm plane's int32 view (stride_dm in words), and d, dmin
     (side by side, d in the low half) come from one 32-bit load instead of two 16-bit ones. The same
-    values are loaded either way."""
+    values are loaded either way. ROWS: the planes are quant_pack's "rows" layout with ROWS rows a
+    group (strides a group's; sc_ptr the scale records, mn_ptr 8 bytes into them): the same values,
+    read through `row_at`."""
     ir = tl.arange(0, 4)
-    words = tl.load(
-        qs_ptr + rc[:, None, None] * stride_qs + 4 * s[None, :, None] + ir[None, None, :],
-        mask=sv[None, :, None],
-        other=0,
-    )
+    if ROWS == 0:
+        qs_at = qs_ptr + rc[:, None, None] * stride_qs + 4 * s[None, :, None] + ir[None, None, :]
+    else:
+        qs_at = qs_ptr + row_at(
+            rc[:, None, None], 4 * s[None, :, None] + ir[None, None, :], stride_qs, ROWS, 4, 4
+        )
+    words = tl.load(qs_at, mask=sv[None, :, None], other=0)
     if SCALAR:
         s = tl.where(sv, s, 0)
-    sc = tl.load(sc_ptr + rc[:, None] * stride_sc + s[None, :], mask=sv[None, :], other=0)
-    mn = tl.load(mn_ptr + rc[:, None] * stride_mn + s[None, :], mask=sv[None, :], other=0)
+    r2, s2 = rc[:, None], s[None, :]
+    sc = tl.load(sc_ptr + row_at(r2, s2, stride_sc, ROWS, 8, 16), mask=sv[None, :], other=0)
+    mn = tl.load(mn_ptr + row_at(r2, s2, stride_mn, ROWS, 8, 16), mask=sv[None, :], other=0)
     if PAIRED_DM:
-        pair = tl.load(dm_ptr + rc[:, None] * stride_dm + (s // 8)[None, :], mask=sv[None, :], other=0)
+        pair = tl.load(dm_ptr + row_at(r2, s2 // 8, stride_dm, ROWS, 1, 1), mask=sv[None, :], other=0)
         d = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
         dmin = ((pair >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
     else:
-        dm_at = dm_ptr + rc[:, None] * stride_dm + (s // 8)[None, :] * 2
-        d = tl.load(dm_at, mask=sv[None, :], other=0)
-        dmin = tl.load(dm_at + 1, mask=sv[None, :], other=0)
+        d = tl.load(dm_ptr + row_at(r2, (s2 // 8) * 2, stride_dm, ROWS, 2, 2), mask=sv[None, :], other=0)
+        dmin = tl.load(
+            dm_ptr + row_at(r2, (s2 // 8) * 2 + 1, stride_dm, ROWS, 2, 2), mask=sv[None, :], other=0
+        )
     return words, sc, mn, d, dmin
 
 
@@ -87,10 +93,10 @@ def q4_k_planar_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, PAIRED_DM: tl.constexpr = False,
     up_ptr=None, GATED: tl.constexpr = False,
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
 ):  # fmt: skip
     """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x; with NORMED (M = 1)
-    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`). PAIRED_DM: see `_loads`."""
+    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`). PAIRED_DM, ROWS: see `_loads`."""
     await_inputs(PDL)
     # Passed one by one: a tuple holding None (norm_ptr unset) fails to compile inside the loops.
     inv_rms = row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H)
@@ -105,14 +111,14 @@ def q4_k_planar_matvec_kernel(
     if PREFETCH:
         s = lo + js
         words, sc, mn, d, dmin = _loads(
-            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, False, PAIRED_DM
+            qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, False, PAIRED_DM, ROWS
         )
         for s0 in range(lo, hi, NS):
             s = s0 + js
             # The next step's loads (masked off past the end) go out before this step computes.
             sn = s + NS
             w_n, sc_n, mn_n, d_n, dmin_n = _loads(
-                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, False, PAIRED_DM
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, False, PAIRED_DM, ROWS
             )
             acc = _step(
                 acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED,
@@ -124,7 +130,7 @@ def q4_k_planar_matvec_kernel(
             s = s0 + js
             sv = s < hi
             words, sc, mn, d, dmin = _loads(
-                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, False, PAIRED_DM
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, False, PAIRED_DM, ROWS
             )
             acc = _step(
                 acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED,

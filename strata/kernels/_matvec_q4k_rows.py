@@ -4,15 +4,16 @@ The planar int8 kernel (`_matvec_q4k_int8`) lays a warp's lanes along one row's 
 16-byte weight load is coalesced, but x (32 bytes a sub-block, twice the weight's 16) and every scale
 differ from lane to lane, so per 512 bytes of weights a warp also moves about 600 bytes of x and
 scales through L1, which Nsight Compute shows as the bound (L1/TEX ~87 %, DRAM ~43 %). Here the planes
-are regrouped by R rows (`interleave_rows`): sub-block s of rows g * R .. g * R + R - 1 lie side by
-side, so a warp's 32 lanes read 32 rows' words of one sub-block in one 512-byte run, and x, dx and the
-x sums are the same address for every lane (one L1 wavefront each, a broadcast). A lane takes a whole
-super-block of its row: 8 words loads, one 8-byte load each of its scales and mins (a super-block's
-16 scale bytes are one record per row) and one word of d and dmin. Each row's products are those of
-the planar int8 kernel (`_row_part`), summed in another order: the tests hold it to the same tolerance.
+are regrouped by R rows (quant_pack's "rows" layout, `interleave_rows`): sub-block s of rows
+g * R .. g * R + R - 1 lie side by side, so a warp's 32 lanes read 32 rows' words of one sub-block in
+one 512-byte run, and x, dx and the x sums are the same address for every lane (one L1 wavefront each,
+a broadcast). A lane takes a whole super-block of its row: 8 word loads, one 8-byte load each of its
+scales and mins (a super-block's 16 scale bytes are one record per row) and one word of d and dmin.
+Each row's products are those of the planar int8 kernel (`_row_part`), summed in another order: the
+tests hold it to the same tolerance.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -21,40 +22,7 @@ import triton.language as tl
 from strata.kernels._bits import exact_float, split_range, store_rows
 from strata.kernels._int8_x import _dp4a
 from strata.kernels.pdl import await_inputs, launch_args
-from strata.kernels.quant_pack import PackedQuantWeight
-
-# Rows per group of the copy that STRATA_Q4K_ROWS keeps (a guess until benchmarks/gpu_q4k_rows.py
-# has timed the groups on a GPU).
-ROWS = 64
-
-
-def interleave_rows(planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
-    """The planar layout's planes (qs, sc, mn uint8, dm fp16; quant_pack) regrouped by `rows` rows,
-    for G = ceil(n / rows) groups: qs as int32 words (G, n_sub, rows, 4); the scales and mins of each
-    row's super-block together, (G, n_blocks, rows, 16) bytes (sc of its 8 sub-blocks, then mn); dm as
-    int32 (d low, dmin high), (G, n_blocks, rows). Rows past n are zero (their outputs are not stored).
-    The same bytes as the planar planes, moved."""
-    qs, sc, mn, dm = planes
-    n = qs.shape[0]
-    groups = -(-n // rows)
-
-    def regroup(plane: torch.Tensor, unit: int) -> torch.Tensor:
-        padded = torch.zeros(groups * rows, plane.shape[1], dtype=plane.dtype, device=plane.device)
-        padded[:n] = plane
-        units = padded.reshape(groups, rows, -1, unit).transpose(1, 2)
-        return units.contiguous().reshape(groups, -1)
-
-    scm = torch.cat([sc.reshape(n, -1, 8), mn.reshape(n, -1, 8)], dim=2).reshape(n, -1)
-    return regroup(qs.view(torch.int32), 4), regroup(scm, 16), regroup(dm.view(torch.int32), 1)
-
-
-def with_rows(w: PackedQuantWeight, rows: int = ROWS) -> PackedQuantWeight:
-    """w (Q4_K, planar layout) with its planes also regrouped by `rows` rows (`interleave_rows`)."""
-    if w.layout != "planar":
-        raise ValueError(
-            f"the row-interleaved copy is made from Q4_K's planar layout, not {w.qtype.name} ({w.layout})"
-        )
-    return replace(w, rows=interleave_rows(w.planes, rows), rows_group=rows)
+from strata.kernels.quant_pack import ROWS
 
 
 @dataclass(frozen=True)
@@ -223,9 +191,9 @@ def q4_k_rows_int8_matvec(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """out (1, n) = x @ W^T (+ bias; with `accumulate`, added to out) for x quantized by
-    `int8_inputs.quantize_x(x, planar=True)` (xq, xd, xs) and W's planes from `interleave_rows(planes,
-    config.rows)`. Under split-K, `workspace` is (fp32 partials (split_k, 1, n), int32 counters of at
-    least ceil(n / rows), zero)."""
+    `int8_inputs.quantize_x(x, planar=True)` (xq, xd, xs) and W's planes from
+    `quant_pack.interleave_rows(planes, config.rows)` (qs and dm viewed as int32). Under split-K,
+    `workspace` is (fp32 partials (split_k, 1, n), int32 counters of at least ceil(n / rows), zero)."""
     c = config
     if c.split_k > 1 and workspace is None:
         raise ValueError("split_k > 1 needs workspace=(partials (split_k, 1, n) fp32, zeroed int32 counters)")

@@ -120,12 +120,29 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
 
 def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
-    """The row-interleaved Q4_K int8 matvec (a warp per 32 rows: NUM_WARPS, which `main` passes as the
-    launch option), one super-block a step as `rows_config` launches it: split and not, masked and not,
-    with bias and residual add, under PDL. `main` fails it if its loop has a barrier (`NO_BARRIERS`)."""
+    """Q4_K's "rows" layout: the planar kernels reading it through `row_at` (fp32 and int8 x at 3
+    rows, the dequantization; the matmul is in `matmul_variants`), and the row-interleaved int8 matvec
+    (a warp per 32 rows: NUM_WARPS, which `main` passes as the launch option) at one super-block a
+    step as `rows_config` launches it: split and not, masked and not, with bias and residual add,
+    under PDL. `main` fails the latter if its loop has a barrier (`NO_BARRIERS`)."""
+    from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
+    from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
     from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec_kernel
+    from strata.kernels.dequant_packed import _dequant_kernel
 
-    out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
+    tile = dict(M=3, M_PAD=4, BLOCK_N=16, BLOCK_K=512, SPLIT_K=2, HAS_BIAS=True, ROWS=64)
+    planar, int8 = dict(tile, PREFETCH=True), dict(tile, USE_ASM=True, ROWS_AT_ONCE=False)
+    deq = dict(QTYPE=113, BLOCK_N=32, BLOCK_K=256, ROUND_BF16=False, GATHER=True)
+    out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = [
+        ("Q4_K planar, rows layout, M=3", q4_k_planar_matvec_kernel, planar, {"qs_ptr": "*i32"}),
+        ("Q4_K int8, rows layout, M=3", q4_k_int8_matvec_kernel, int8, {}),
+        (
+            "dequant, rows layout",
+            _dequant_kernel,
+            deq,
+            {"out_ptr": "*bf16", "p0_ptr": "*i32", "p3_ptr": "*fp16"},
+        ),
+    ]
     pointers = {"scm_ptr": "*u8", "dm_ptr": "*i32"}
     for rows, split, even, ahead in ((128, 1, True, False), (64, 2, True, True), (32, 4, False, True)):
         consts = dict(R=rows, NB=1, SPLIT_K=split, HAS_BIAS=split > 1, USE_ASM=True, EVEN=even, PDL=True)
@@ -204,13 +221,13 @@ def norm_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
 def matmul_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     """The fused matmul at default_config's tiles for 16 rows (the 7B's gate+up swapped, down, and a
-    narrow weight split over K), for Q4_K planar and Q6_K."""
+    narrow weight split over K), for Q4_K planar (112), Q4_K in the "rows" layout (113) and Q6_K."""
     from strata.kernels._matmul_quant import quant_matmul_kernel
 
     out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
     base = dict(GROUP_M=8, EVEN_K=True, BF16_AS_F32=False, PRECISION=None)
     pointers = {"y_ptr": "*bf16", "ws_ptr": "*fp32", "p1_ptr": "*u8", "p2_ptr": "*u8", "p3_ptr": "*fp16"}
-    for qtype, p0, p2 in ((112, "*i32", "*u8"), (14, "*u8", "*i8")):
+    for qtype, p0, p2 in ((112, "*i32", "*u8"), (113, "*i32", "*u8"), (14, "*u8", "*i8")):
         for bn, bk, swap, split in ((64, 64, True, 1), (16, 256, False, 1), (16, 128, False, 4)):
             tile = dict(base, QTYPE=qtype, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, SWAP_AB=swap, SPLIT_K=split)
             name = f"matmul {qtype} 16x{bn}x{bk} swap={swap} split={split}"

@@ -19,6 +19,8 @@ import triton.language as tl
 from strata.kernels._matmul_quant import (
     Q4_K,
     Q4_K_PLANAR,
+    Q4_K_ROWS,
+    ROWS_GROUP,
     _bf16_in_f32,
     _group_quants,
     _group_scales,
@@ -52,11 +54,14 @@ def _dequant_kernel(
     r3 = rc[:, None, None]
     i3 = tl.arange(0, 16)[None, None, :]
     mul, sub = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s0, s1, s2, s3)
-    if QTYPE == Q4_K_PLANAR:
-        q = _planar_quants(p0_ptr, rc, tl.program_id(1) * (BLOCK_K // 32), K // 32 - 1, s0, BLOCK_N, BLOCK_K)
+    if QTYPE == Q4_K_PLANAR or QTYPE == Q4_K_ROWS:  # noqa: SIM109 (constexpr comparisons)
+        R: tl.constexpr = ROWS_GROUP if QTYPE == Q4_K_ROWS else 0
+        first = tl.program_id(1) * (BLOCK_K // 32)
+        q = _planar_quants(p0_ptr, rc, first, K // 32 - 1, s0, BLOCK_N, BLOCK_K, R)
     else:
         q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
-    w = tl.reshape(mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR else mul * q, (BLOCK_N, BLOCK_K))  # noqa: SIM109
+    with_min = QTYPE == Q4_K or QTYPE == Q4_K_PLANAR or QTYPE == Q4_K_ROWS  # noqa: SIM109
+    w = tl.reshape(mul * q - sub if with_min else mul * q, (BLOCK_N, BLOCK_K))
     if ROUND_BF16:
         w = _bf16_in_f32(w)
     kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -108,8 +113,8 @@ def dequantize_packed(
     grid = (triton.cdiv(n, block_n), triton.cdiv(w.k, block_k))
     # Triton's interpreter truncates fp32 -> bf16 casts; round to nearest even by hand there.
     round_bf16 = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
-    if w.layout == "planar" and block_k < 32:
-        raise ValueError(f"Q4_K's planar layout needs block_k >= 32, got {block_k}")
+    if w.planar and block_k < 32:
+        raise ValueError(f"Q4_K's {w.layout} layout needs block_k >= 32, got {block_k}")
     _dequant_kernel[grid](
         out, out if rows is None else rows, *planes, n, w.k, out.stride(0), *strides,
         QTYPE=kernel_type(int(w.qtype), w.layout), BLOCK_N=block_n, BLOCK_K=block_k, ROUND_BF16=round_bf16,

@@ -25,8 +25,8 @@ ACTS = {"silu": 1, "gelu_tanh": 2}
 def int8_order(w: PackedQuantWeight) -> bool | None:
     """The order in which the matvec quantizes 16-bit x for `w` (True: Q4_K's planar order, False:
     element order), or None where it multiplies 16-bit x as it is: int8 for the types STRATA_INT8_X
-    names (by default Q4_K, planar layout only, and Q6_K)."""
-    planar = w.layout == "planar"
+    names (by default Q4_K, planar and rows layouts only, and Q6_K)."""
+    planar = w.planar
     if (planar or w.qtype in INT8_TYPES) and w.qtype.name in env.int8_x_types():
         return planar
     return None

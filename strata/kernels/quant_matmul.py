@@ -18,7 +18,7 @@ from gguf.constants import GGMLQuantizationType
 from strata.kernels._matmul_quant import kernel_type, quant_matmul_kernel
 from strata.kernels._matvec_lowbit import codebook
 from strata.kernels.quant_matvec import split_locks
-from strata.kernels.quant_pack import PackedQuantWeight
+from strata.kernels.quant_pack import PackedQuantWeight, rows_planes
 
 _T = GGMLQuantizationType
 MATMUL_TYPES: frozenset[GGMLQuantizationType] = frozenset(
@@ -105,6 +105,8 @@ def _splits(m: int, n: int, k: int, cfg: MatmulConfig) -> int:
 
 def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
     """The kernel's four plane pointers and strides; unused ones repeat the first plane."""
+    if w.layout == "rows":
+        return rows_planes(w)
     planes = list(w.planes)
     if w.qtype in (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S):
         # The group decoders read quants from p0 and p1 only: the table goes second.

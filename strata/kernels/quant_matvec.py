@@ -32,7 +32,7 @@ from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
 from strata.kernels.activation import gated_act
 from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x, use_asm
 from strata.kernels.pdl import launch_args
-from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
+from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight, rows_planes
 from strata.kernels.rms_norm import _MAX_BLOCK, rms_norm
 
 _T = GGMLQuantizationType
@@ -166,6 +166,8 @@ def default_config(
 
 
 def _kernel_args(w: PackedQuantWeight, paired_dm: bool = False) -> tuple[list[torch.Tensor], list[int]]:
+    if w.layout == "rows":
+        return rows_planes(w, paired_dm)
     if w.layout == "planar":
         # The int32 view of qs: one 16-byte load is one sub-block; with paired_dm, of dm too (d, dmin).
         qs, sc, mn, dm = w.planes
@@ -257,7 +259,7 @@ def quant_matvec(
             f"weight planes over 2 GiB are not supported (the kernels use int32 offsets): ({n}, {k})"
         )
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-    planar = packed.layout == "planar"
+    planar = packed.planar  # Q4_K's planar kernels: the "planar" and "rows" layouts
     by_default = x.dtype != torch.float32 and int8_order(packed) is not None
     cfg = config or default_config(qtype, m, n, k, num_sms, planar_int8=planar and by_default)
     kernel, unit = _Q4_K_PLANAR if planar else _KERNELS[qtype]
@@ -320,6 +322,7 @@ def quant_matvec(
     if planar:
         extra["PREFETCH"] = cfg.prefetch
         extra["PAIRED_DM"] = cfg.paired_dm
+        extra["ROWS"] = packed.rows_group
     elif flat_q5_0:
         extra["FLAT_ACC"] = cfg.flat_acc
     if cfg.matched_loads:
@@ -339,12 +342,13 @@ def quant_matvec(
     if int8_x:
         ready = None if x_int8 is None or up is not None else x_int8.get(planar)
         xq = ready if ready is not None else quantize_x(x, planar=planar, up=up, act=act)
-        if m == 1 and packed.rows is not None and config is None:
+        if m == 1 and packed.layout == "rows" and config is None:
             _rows_matvec(xq, packed, out, bias, accumulate, num_sms)
             return out
         _int8_matvec(
-            qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg, accumulate
-        )
+            qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg, accumulate,
+            packed.rows_group,
+        )  # fmt: skip
     else:
         kernel[grid](
             x, *dest, *tensors, n, k, x.stride(0), stride_ys, out.stride(0), *strides,
@@ -365,7 +369,7 @@ def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
 
 def _norm_kernel(w: PackedQuantWeight) -> bool:
     """Whether w's fp32-x kernel takes NORMED loads (`x_loads`)."""
-    return w.layout == "planar" or w.qtype in (_T.Q8_0, _T.Q5_0, _T.Q6_K)
+    return w.planar or w.qtype in (_T.Q8_0, _T.Q5_0, _T.Q6_K)
 
 
 def _norm_loads(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> dict[str, object]:
@@ -414,15 +418,17 @@ def _rows_matvec(
     accumulate: bool,
     num_sms: int,
 ) -> None:
-    """One row of x quantized (planar order) times w's row-interleaved copy (`w.rows`), into out."""
-    assert w.rows is not None
+    """One row of x quantized (planar order) times w in the "rows" layout, into out, by
+    `_matvec_q4k_rows`."""
     cfg = rows_config(w.n, w.k, w.rows_group, num_sms)
     workspace = None
     if cfg.split_k > 1:
         partials = torch.empty(cfg.split_k, 1, w.n, dtype=torch.float32, device=out.device)
         workspace = (partials, split_locks(out.device, triton.cdiv(w.n, w.rows_group)))
+    qs, scm, dm = w.planes
+    planes = (qs.view(torch.int32), scm, dm.view(torch.int32))
     q4_k_rows_int8_matvec(
-        *xq, w.rows, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=use_asm(xq[0]),
+        *xq, planes, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=use_asm(xq[0]),
         workspace=workspace,
     )  # fmt: skip
 
@@ -440,9 +446,10 @@ def _int8_matvec(
     stride_ys: int,
     cfg: MatvecConfig,
     accumulate: bool,
+    rows_group: int = 0,
 ) -> None:
     """The dp4a matvec of x quantized by `quantize_x` (`x_int8`); `dest` is the kernels' (workspace,
-    out, split locks, bias) arguments; `accumulate` adds y to out."""
+    out, split locks, bias) arguments; `accumulate` adds y to out; `rows_group`: Q4_K's "rows" layout."""
     xq, xd, xs = x_int8
     m, stride_ym = xq.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
     common = dict(
@@ -473,5 +480,6 @@ def _int8_matvec(
         q4_k_int8_matvec_kernel[grid](
             xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
             ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, SCALAR_SCALES=cfg.scalar_scales,
-            X_PER_ROW=cfg.x_per_row, PREFETCH=cfg.prefetch, PAIRED_DM=cfg.paired_dm, **common,
+            X_PER_ROW=cfg.x_per_row, PREFETCH=cfg.prefetch, PAIRED_DM=cfg.paired_dm, ROWS=rows_group,
+            **common,
         )  # fmt: skip

@@ -12,8 +12,10 @@ Q4_K also has a second layout, "planar" (`Q4_K_PLANAR`), made for a matvec whose
 whole 32-element sub-blocks: the 6-bit scales and mins unpacked to one byte each (planes sc and mn),
 d and dmin side by side (plane dm), and each sub-block's 32 nibbles in 16 bytes (plane qs) ordered so
 that nibble i of the sub-block's little-endian 32-bit word r is element 4i + r. The decoded values
-are the same; the planes hold 148 bytes per 256 elements instead of 144. STRATA_Q4K_LAYOUT picks the
-layout that layers are packed in.
+are the same; the planes hold 148 bytes per 256 elements instead of 144. A third, "rows", is the
+planar layout regrouped by ROWS rows (`interleave_rows`) for the one-row int8 matvec of
+`_matvec_q4k_rows`, whose warps take 32 rows of one sub-block; the other kernels read it through
+`_bits.row_at`. STRATA_Q4K_LAYOUT picks the layout that layers are packed in.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from strata import env
 
 _T = GGMLQuantizationType
-LAYOUTS = ("blocks", "planar")
+LAYOUTS = ("blocks", "planar", "rows")
+# Rows per group of the "rows" layout (a guess until benchmarks/gpu_q4k_rows.py has timed the groups
+# on a GPU; the kernels take it as a constant).
+ROWS = 64
 
 # Per type: the planes as (start, end) byte ranges within one block, and each plane's element dtype.
 _FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, torch.dtype], ...]] = {
@@ -60,20 +65,26 @@ PACKABLE_TYPES: frozenset[GGMLQuantizationType] = frozenset(_FIELDS)
 @dataclass(frozen=True)
 class PackedQuantWeight:
     """An (n, k) GGUF weight as aligned per-field planes (see the module docstring for the order).
-    `rows`: for the planar layout, optionally the same planes regrouped by `rows_group` rows as well
-    (`_matvec_q4k_rows.with_rows`, STRATA_Q4K_ROWS), which the one-row int8 matvec reads instead."""
+    `rows_group`: for the "rows" layout, the rows per group (ROWS), else 0."""
 
     qtype: GGMLQuantizationType
     n: int
     k: int
     planes: tuple[torch.Tensor, ...]
-    rows: tuple[torch.Tensor, ...] | None = None
     rows_group: int = 0
 
     @property
     def layout(self) -> str:
-        """ "planar" for Q4_K's four-plane layout (see the module docstring), else "blocks"."""
+        """ "planar" for Q4_K's four-plane layout, "rows" for its regrouping (see the module
+        docstring), else "blocks"."""
+        if self.rows_group:
+            return "rows"
         return "planar" if self.qtype == _T.Q4_K and len(self.planes) == 4 else "blocks"
+
+    @property
+    def planar(self) -> bool:
+        """Whether the planar kernels read it: Q4_K in the "planar" or the "rows" layout."""
+        return self.layout in ("planar", "rows")
 
     @property
     def device(self) -> torch.device:
@@ -109,7 +120,7 @@ def pack_quant_weight(
 ) -> PackedQuantWeight:
     """Split raw GGUF bytes of an (n, k) weight into the planes the matvec kernels read.
 
-    `layout` matters for Q4_K only: "blocks" or "planar" (default: STRATA_Q4K_LAYOUT)."""
+    `layout` matters for Q4_K only: "blocks", "planar" or "rows" (default: STRATA_Q4K_LAYOUT)."""
     check_weight_bytes(w_bytes, qtype, n, k)
     layout = layout or env.q4k_layout()
     if layout not in LAYOUTS:
@@ -118,6 +129,8 @@ def pack_quant_weight(
     blocks = w_bytes.reshape(n, k // block_size, type_size)
     if qtype == _T.Q4_K and layout == "planar":
         return PackedQuantWeight(qtype, n, k, _q4_k_planes(blocks))
+    if qtype == _T.Q4_K and layout == "rows":
+        return PackedQuantWeight(qtype, n, k, interleave_rows(_q4_k_planes(blocks), ROWS), ROWS)
     planes = []
     for start, end, dtype in _FIELDS[qtype]:
         plane = blocks[:, :, start:end]
@@ -165,3 +178,46 @@ def _q4_k_planes(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
     qs_plane, sc_plane, mn_plane = (p.to(torch.uint8).reshape(n, -1).contiguous() for p in planes)
     dm = blocks[:, :, 0:4].contiguous().view(torch.float16).reshape(n, -1)
     return qs_plane, sc_plane, mn_plane, dm
+
+
+def interleave_rows(planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """The planar layout's planes (qs, sc, mn uint8, dm fp16) regrouped by `rows` rows, for G =
+    ceil(n / rows) groups, each plane (G, ...): qs (G, n_sub, rows, 16 bytes); each row's super-block
+    scales and mins as one record, (G, n_blocks, rows, 16) bytes (sc of its 8 sub-blocks, then mn);
+    dm (G, n_blocks, rows, 2) fp16 (d, dmin). Rows past n are zero (their outputs are not stored).
+    The same bytes as the planar planes, moved; `deinterleave_rows` is the inverse."""
+    qs, sc, mn, dm = planes
+    n = qs.shape[0]
+    groups = -(-n // rows)
+
+    def regroup(plane: torch.Tensor, unit: int) -> torch.Tensor:
+        padded = torch.zeros(groups * rows, plane.shape[1], dtype=plane.dtype, device=plane.device)
+        padded[:n] = plane
+        units = padded.reshape(groups, rows, -1, unit).transpose(1, 2)
+        return units.contiguous().reshape(groups, -1)
+
+    scm = torch.cat([sc.reshape(n, -1, 8), mn.reshape(n, -1, 8)], dim=2).reshape(n, -1)
+    return regroup(qs, 16), regroup(scm, 16), regroup(dm, 2)
+
+
+def deinterleave_rows(planes: tuple[torch.Tensor, ...], n: int, rows: int) -> tuple[torch.Tensor, ...]:
+    """The planar planes (qs, sc, mn, dm) of the first n rows of `interleave_rows(planes, rows)`."""
+    qs, scm, dm = planes
+
+    def ungroup(plane: torch.Tensor, unit: int) -> torch.Tensor:
+        groups = plane.shape[0]
+        units = plane.reshape(groups, -1, rows, unit).transpose(1, 2)
+        return units.contiguous().reshape(groups * rows, -1)[:n]
+
+    records = ungroup(scm, 16).reshape(n, -1, 16)
+    sc, mn = (records[:, :, half].reshape(n, -1).contiguous() for half in (slice(0, 8), slice(8, 16)))
+    return ungroup(qs, 16), sc, mn, ungroup(dm, 2)
+
+
+def rows_planes(w: PackedQuantWeight, paired_dm: bool = False) -> tuple[list[torch.Tensor], list[int]]:
+    """The "rows" layout's planes as the planar kernels take them (qs, sc, mn, dm), with a group's
+    strides: the words (int32), the scale records (sc first), the same 8 bytes on (mn), and dm (fp16,
+    or with `paired_dm` int32: d and dmin in one word)."""
+    qs, scm, dm = w.planes
+    planes = [qs.view(torch.int32), scm, scm.view(-1)[8:], dm.view(torch.int32) if paired_dm else dm]
+    return planes, [planes[0].stride(0), scm.stride(0), scm.stride(0), planes[3].stride(0)]

@@ -75,15 +75,6 @@ class QuantLinear(nn.Module):
         else:
             dense = dequantize(qweight.to(place.device), qtype, shape).to(place.dtype)
             self.weight = nn.Parameter(dense, requires_grad=False)
-        if (
-            self.packed is not None
-            and self.packed.layout == "planar"
-            and self.packed.rows is None
-            and env.q4k_rows()
-        ):
-            from strata.kernels._matvec_q4k_rows import with_rows
-
-            self.packed = with_rows(self.packed)
         self.bias = None if bias is None else nn.Parameter(bias.to(place.device, place.dtype), False)
         # Read once per layer, not per call (the measured crossovers: strata.env.kernel_row_limits).
         self.matvec_rows, self.dense_rows = env.kernel_row_limits()
@@ -221,9 +212,17 @@ def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
     from strata.kernels.quant_pack import PackedQuantWeight
 
     parts = [x.packed for x in layers if x.packed is not None]
-    planes = tuple(torch.cat(group) for group in zip(*(p.planes for p in parts), strict=True))
     n = sum(x.out_features for x in layers)
-    packed = PackedQuantWeight(first.qtype, n, first.in_features, planes)
+    if parts[0].layout == "rows":  # regrouped again over the stacked rows (a group may span parts)
+        from strata.kernels.quant_pack import deinterleave_rows, interleave_rows
+
+        rows = parts[0].rows_group
+        planar = [deinterleave_rows(p.planes, p.n, rows) for p in parts]
+        stacked = tuple(torch.cat(group) for group in zip(*planar, strict=True))
+        packed = PackedQuantWeight(first.qtype, n, first.in_features, interleave_rows(stacked, rows), rows)
+    else:
+        planes = tuple(torch.cat(group) for group in zip(*(p.planes for p in parts), strict=True))
+        packed = PackedQuantWeight(first.qtype, n, first.in_features, planes)
     bias = None
     if any(x.bias is not None for x in layers):
         zeros = [torch.zeros(x.out_features, device=place.device) for x in layers]
