@@ -1,14 +1,16 @@
-"""Q4_K at M = 1 on int8 x: the row-interleaved kernel (`_matvec_q4k_rows`) against the planar int8
-kernel's default tile, side by side, inside CUDA graphs, on the 7B's and 1.5B's Q4_K decode shapes.
+"""Q4_K decode matvecs on int8 x (M rows, default 1): the row-interleaved kernel (`_matvec_q4k_rows`,
+the "rows" layout) against the planar int8 kernel's default tile, side by side, inside CUDA graphs,
+on the 7B's and 1.5B's Q4_K decode shapes.
 
-    python benchmarks/gpu_q4k_rows.py [--models 7b,1.5b] [--calls 40] [--rounds 3]
+    python benchmarks/gpu_q4k_rows.py [--models 7b,1.5b] [--m 1] [--calls 40] [--rounds 3]
     python benchmarks/gpu_q4k_rows.py --smoke     # the script itself, in Triton's interpreter
 
 Both kernels read the same x, quantized once (`quantize_x`, planar order; not timed). Each candidate
 is first checked against the baseline's output and the float64 reference on a NaN-poisoned output;
-a failing one is not timed. Timing is `gpu_matvec_graph.graph_call_us`: a graph of `--calls` launches, each on
-its own copy of the weight (enough copies to exceed the L2), median replay per call; the baseline and
-the candidates are timed in turn, `--rounds` times, and each figure is the median of its rounds.
+a failing one is not timed. Timing is `gpu_matvec_graph.graph_call_us`: a graph of `--calls`
+launches, each on its own copy of the weight (enough copies to exceed the L2), median replay per
+call; the baseline and the candidates are timed in turn, `--rounds` times, and each figure is the
+median of its rounds.
 """
 
 from __future__ import annotations
@@ -77,11 +79,11 @@ def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: 
     raw = random_weight(Q4_K, n, k, str(device), gen)
     copies = 1 if args.smoke else max(1, min(args.calls, math.ceil(240e6 / raw.numel())))
     packed = [pack_quant_weight(raw.clone() if i else raw, Q4_K, n, k, "planar") for i in range(copies)]
-    x = torch.randn(1, k, device=device, generator=gen).to(torch.bfloat16)
+    x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
     ref = x.double() @ dequantize(raw, Q4_K, (n, k)).double().T
     xq = quantize_x(x, planar=True)
-    out = torch.empty(1, n, dtype=torch.bfloat16, device=device)
-    base_cfg = default_config(Q4_K, 1, n, k, planar_int8=True)
+    out = torch.empty(args.m, n, dtype=torch.bfloat16, device=device)
+    base_cfg = default_config(Q4_K, args.m, n, k, planar_int8=True)
 
     def baseline(i: int) -> None:
         quant_matvec(x, packed[i % len(packed)], Q4_K, n, k, out=out, config=base_cfg, x_int8={True: xq})
@@ -103,7 +105,7 @@ def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: 
             label += " (rows_config)"
         planes = by_rows.setdefault(rows, [kernel_planes(w.planes, rows) for w in packed])
         ws = (
-            torch.zeros(split, 1, n, device=device),
+            torch.zeros(split, args.m, n, device=device),
             torch.zeros(-(-n // rows), dtype=torch.int32, device=device),
         )
         cfg = RowsConfig(rows, step, split, warps, xvec, prefetch)
@@ -147,6 +149,7 @@ def main() -> int:
     p.add_argument("--models", default="7b,1.5b")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--m", type=int, default=1, help="x rows (decode sequences), 1 to 16")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
     device = "cpu" if args.smoke else "cuda"
@@ -164,7 +167,7 @@ def main() -> int:
     if args.smoke:
         print(f"checks failed: {failures}")
         return 1 if failures else 0
-    print(f"\ncopy ceiling {ceiling:,.0f} GB/s; M = 1; per call inside a graph of {args.calls} calls; "
+    print(f"\ncopy ceiling {ceiling:,.0f} GB/s; M = {args.m}; per call inside a graph of {args.calls} calls; "
           f"medians of {args.rounds} rounds")  # fmt: skip
     print("| model | weight | MB | planar int8 default us | best row-interleaved | us | ratio | of copy |")
     print("|---|---|---:|---:|---|---:|---:|---:|")

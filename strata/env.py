@@ -37,9 +37,10 @@ def q4k_layout() -> str:
     """STRATA_Q4K_LAYOUT: how Q4_K weights are packed for the GPU kernels, "blocks" (the GGUF blocks
     as stored), "planar" or "rows" (see strata.kernels.quant_pack); the default is "planar", faster or
     neutral on every case of the 7B's paired suite on an H200 (benchmarks/RESULTS.md, 2026-12-04).
-    "rows" (opt-in, untimed) regroups the planar planes by 64 rows for a one-row int8 matvec whose
-    warps take 32 rows of one super-block (`kernels._matvec_q4k_rows`); the other paths read it with
-    the planar kernels."""
+    "rows" (opt-in, untimed) regroups the planar planes by 64 rows for an int8 decode matvec whose
+    warps take 32 rows of one super-block (`kernels._matvec_q4k_rows`, up to STRATA_MATVEC_ROWS
+    sequences); the other paths (fp32 x, the fused matmul, dequantization) read it with the planar
+    kernels."""
     value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "planar"
     if value not in ("blocks", "planar", "rows"):
         raise ValueError(

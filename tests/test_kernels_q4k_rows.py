@@ -116,7 +116,7 @@ def layouts(n: int, k: int, seed: int):
 @pytest.mark.parametrize(
     "m,dtype,config",
     [
-        (3, torch.bfloat16, None),  # int8 x, the planar int8 kernel
+        (3, torch.bfloat16, MatvecConfig(16, 256, 1, int8_x=True)),  # the planar int8 kernel
         (1, torch.float32, None),  # fp32 x
         (2, torch.float32, MatvecConfig(8, 256, 2, prefetch=True, paired_dm=True)),
         (1, torch.bfloat16, MatvecConfig(8, 512, 3, int8_x=True, flat_acc=True, scalar_scales=True)),
@@ -129,6 +129,32 @@ def test_rows_layout_through_the_planar_matvecs(m: int, dtype: torch.dtype, conf
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     want = quant_matvec(x, planar, T.Q4_K, n, k, config=config)
     assert torch.equal(quant_matvec(x, rows, T.Q4_K, n, k, config=config), want)
+
+
+@pytest.mark.parametrize("m,split", [(2, 1), (3, 3), (16, 2)])
+def test_rows_kernel_on_several_x_rows(m: int, split: int):
+    # Each x row's sums as the planar int8 kernel's, within fp32 reordering; the workspace keeps out's
+    # row stride (here a view with a wider one).
+    n, k = 70, k_for(T.Q4_K, 3)
+    planar, rows = layouts(n, k, seed=m)
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    want = quant_matvec(x, planar, T.Q4_K, n, k, config=MatvecConfig(16, 256, 1, int8_x=True)).double()
+    wide = torch.full((m, n + 6), float("nan"), dtype=x.dtype, device=DEVICE)
+    cfg = RowsConfig(ROWS, 1, split, ROWS // 32, prefetch=True)
+    workspace = (
+        torch.zeros(split, m, n + 6, device=DEVICE),
+        torch.zeros(2, dtype=torch.int32, device=DEVICE),
+    )
+    qs, scm, dm = rows.planes
+    planes = (qs.view(torch.int32), scm, dm.view(torch.int32))
+    got = q4_k_rows_int8_matvec(
+        *quantize_x(x, planar=True), planes, n, k, wide[:, :n], cfg, use_asm=use_asm(x),
+        workspace=workspace if split > 1 else None,
+    ).double()  # fmt: skip
+    bound = x.double().abs() @ dequantize_packed(planar, torch.float32).double().abs().T
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().le(2 * torch.finfo(torch.bfloat16).eps * want.abs() + 1e-5 * bound).all()
+    assert wide[:, n:].isnan().all()  # nothing written past the view
 
 
 def test_rows_layout_through_the_matmul_and_dequantization():
@@ -176,9 +202,13 @@ def test_rows_layout_on_the_layers(monkeypatch):
         base = torch.randn(1, a.out_features, device=DEVICE).bfloat16()
         added = a(x, add_to=base.clone()).double()
         assert (added - b(x, add_to=base.clone()).double()).abs().le(0.02 * added.abs() + 1e-5 * bound).all()
-        # Two rows take the planar kernels on the same values: equal bits.
+        # Two rows: the rows kernel with both x rows on each step's words.
         x2 = torch.randn(2, a.in_features, device=DEVICE).bfloat16()
-        assert torch.equal(a(x2), b(x2))
+        bound2 = x2.double().abs() @ dequantize_packed(b.packed, torch.float32).double().abs().T
+        got2, want2 = a(x2).double(), b(x2).double()
+        assert (
+            (got2 - want2).abs().le(2 * torch.finfo(torch.bfloat16).eps * want2.abs() + 1e-5 * bound2).all()
+        )
 
 
 def test_rows_config_fills_the_gpu():

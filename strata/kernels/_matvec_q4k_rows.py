@@ -59,21 +59,23 @@ def q4_k_rows_int8_matvec_kernel(
     R: tl.constexpr, NB: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     USE_ASM: tl.constexpr, EVEN: tl.constexpr = False, XVEC: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    M: tl.constexpr = 1, M_PAD: tl.constexpr = 1,
 ):  # fmt: skip
-    """Program (g, split) sums rows g * R .. over its split's super-blocks, NB a step, for one x row
-    (M = 1). A lane takes one row and a whole super-block: its 8 sub-blocks' words, their 16 scale
-    bytes in one load, d and dmin in another. EVEN: the steps cover the super-blocks exactly (no
-    masks). XVEC: dx and the x sums in 16-byte loads (`_x`; Triton 3.9 converts them every step, 3.6
-    does not). NB > 1 also converts under 3.9 (`compile_check` counts the barriers). PREFETCH: each
-    step's weights are loaded before the step before it computes (the last step reloads its own
-    instead of reading past the end). The same sums in every variant."""
+    """Program (g, split) sums rows g * R .. over its split's super-blocks, NB a step, for M rows of x
+    (M_PAD, their next power of two). A lane takes one row and a whole super-block: its 8 sub-blocks'
+    words, their 16 scale bytes in one load, d and dmin in another; every x row meets the words
+    loaded once. EVEN: the steps cover the super-blocks exactly (no masks). XVEC: dx and the x sums
+    in 16-byte loads (`_x`; Triton 3.9 converts them every step, 3.6 does not). NB > 1 also converts
+    under 3.9 (`compile_check` counts the barriers). PREFETCH: each step's weights are loaded before
+    the step before it computes (the last step reloads its own instead of reading past the end). The
+    same sums in every variant."""
     g = tl.program_id(0)
     n_blk = K // 256
     lo, hi = split_range(n_blk, NB, SPLIT_K)
     planes = (qs_ptr + g * (n_blk * 8 * R * 4), scm_ptr + g * (n_blk * R * 16), dm_ptr + g * (n_blk * R))
-    x = (xq_ptr, xd_ptr, xs_ptr)
+    x = (xq_ptr, xd_ptr, xs_ptr, K // 32)
     await_inputs(PDL)
-    acc = tl.zeros((R, NB, 8), tl.float32)
+    acc = tl.zeros((R, NB, 8), tl.float32) if M == 1 else tl.zeros((M_PAD, R, NB), tl.float32)
     if PREFETCH:
         b = lo + tl.arange(0, NB)
         following = _weights(planes, b, b < hi, R, EVEN)
@@ -84,15 +86,32 @@ def q4_k_rows_int8_matvec_kernel(
             ahead = b + NB
             ahead = tl.where(ahead < hi, ahead, b)  # in range, so that no mask is needed when EVEN
             following = _weights(planes, ahead, bv, R, EVEN)
-            acc += _products(*these, *_x(x, b, bv, R, EVEN, XVEC), USE_ASM)
+            acc = _step(acc, these, x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD)
     else:
         for b0 in range(lo, hi, NB):
             b = b0 + tl.arange(0, NB)
             bv = b < hi
-            acc += _products(*_weights(planes, b, bv, R, EVEN), *_x(x, b, bv, R, EVEN, XVEC), USE_ASM)
+            acc = _step(acc, _weights(planes, b, bv, R, EVEN), x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD)
+    sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else tl.sum(acc, 2)
     rows = g * R + tl.arange(0, R)
-    store_rows(y_ptr, out_ptr, lock_ptr, tl.sum(tl.sum(acc, 2), 1)[None, :], rows, N, stride_ys, stride_ym,
-               1, 1, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+    store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+
+
+@triton.jit
+def _step(acc, weights, x, b, bv, R: tl.constexpr, EVEN: tl.constexpr, XVEC: tl.constexpr,
+          USE_ASM: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr):  # fmt: skip
+    """acc plus the products of one step's weights with each row of x: (R, NB, 8) per sub-block for
+    one row, else (M_PAD, R, NB) per super-block, row m's added through a select."""
+    xq_ptr, xd_ptr, xs_ptr, n_sub = x
+    if M == 1:
+        acc += _products(*weights, *_x((xq_ptr, xd_ptr, xs_ptr), b, bv, R, EVEN, XVEC), USE_ASM)
+    else:
+        for m in tl.static_range(M):
+            xm = (xq_ptr + m * n_sub * 8, xd_ptr + m * n_sub, xs_ptr + m * n_sub)
+            part = tl.sum(_products(*weights, *_x(xm, b, bv, R, EVEN, XVEC), USE_ASM), 2)  # (R, NB)
+            acc += tl.where(tl.arange(0, M_PAD)[:, None, None] == m, part[None, :, :], 0.0)
+    return acc
 
 
 @triton.jit
@@ -190,11 +209,12 @@ def q4_k_rows_int8_matvec(
     use_asm: bool = True,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """out (1, n) = x @ W^T (+ bias; with `accumulate`, added to out) for x quantized by
+    """out (M, n) = x @ W^T (+ bias; with `accumulate`, added to out) for M rows of x quantized by
     `int8_inputs.quantize_x(x, planar=True)` (xq, xd, xs) and W's planes from
     `quant_pack.interleave_rows(planes, config.rows)` (qs and dm viewed as int32). Under split-K,
-    `workspace` is (fp32 partials (split_k, 1, n), int32 counters of at least ceil(n / rows), zero)."""
+    `workspace` is (fp32 partials (split_k, M, n), int32 counters of at least ceil(n / rows), zero)."""
     c = config
+    m = xq.shape[0]
     if c.split_k > 1 and workspace is None:
         raise ValueError("split_k > 1 needs workspace=(partials (split_k, 1, n) fp32, zeroed int32 counters)")
     y, locks = workspace if workspace is not None else (out, out)
@@ -203,6 +223,7 @@ def q4_k_rows_int8_matvec(
         y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, NB=c.step, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm,
         EVEN=k // 256 % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch, ADD=accumulate,
+        M=m, M_PAD=triton.next_power_of_2(m),
         num_warps=c.num_warps, **launch_args(out.device),
     )  # fmt: skip
     return out

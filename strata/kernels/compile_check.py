@@ -144,10 +144,15 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         ),
     ]
     pointers = {"scm_ptr": "*u8", "dm_ptr": "*i32"}
-    for rows, split, even, ahead in ((128, 1, True, False), (64, 2, True, True), (32, 4, False, True)):
+    for rows, split, even, ahead, m in (
+        (128, 1, True, False, 1),
+        (64, 2, True, True, 1),
+        (32, 4, False, True, 1),
+        (64, 2, True, True, 4),
+    ):
         consts = dict(R=rows, NB=1, SPLIT_K=split, HAS_BIAS=split > 1, USE_ASM=True, EVEN=even, PDL=True)
-        consts |= dict(PREFETCH=ahead, ADD=split > 1, NUM_WARPS=rows // 32)
-        name = f"{NO_BARRIERS} R={rows} split={split} even={even} prefetch={ahead}"
+        consts |= dict(PREFETCH=ahead, ADD=split > 1, NUM_WARPS=rows // 32, M=m, M_PAD=m)
+        name = f"{NO_BARRIERS} R={rows} split={split} even={even} prefetch={ahead} M={m}"
         out.append((name, q4_k_rows_int8_matvec_kernel, consts, pointers))
     return out
 

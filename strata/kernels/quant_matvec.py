@@ -342,7 +342,7 @@ def quant_matvec(
     if int8_x:
         ready = None if x_int8 is None or up is not None else x_int8.get(planar)
         xq = ready if ready is not None else quantize_x(x, planar=planar, up=up, act=act)
-        if m == 1 and packed.layout == "rows" and config is None:
+        if packed.layout == "rows" and config is None:
             _rows_matvec(xq, packed, out, bias, accumulate, num_sms)
             return out
         _int8_matvec(
@@ -418,12 +418,13 @@ def _rows_matvec(
     accumulate: bool,
     num_sms: int,
 ) -> None:
-    """One row of x quantized (planar order) times w in the "rows" layout, into out, by
-    `_matvec_q4k_rows`."""
+    """x's rows quantized (planar order) times w in the "rows" layout, into out, by `_matvec_q4k_rows`."""
     cfg = rows_config(w.n, w.k, w.rows_group, num_sms)
     workspace = None
-    if cfg.split_k > 1:
-        partials = torch.empty(cfg.split_k, 1, w.n, dtype=torch.float32, device=out.device)
+    if cfg.split_k > 1:  # partials with out's row stride (the kernel addresses both alike)
+        partials = torch.empty(
+            cfg.split_k, out.shape[0], out.stride(0), dtype=torch.float32, device=out.device
+        )
         workspace = (partials, split_locks(out.device, triton.cdiv(w.n, w.rows_group)))
     qs, scm, dm = w.planes
     planes = (qs.view(torch.int32), scm, dm.view(torch.int32))

@@ -13,7 +13,7 @@ whole 32-element sub-blocks: the 6-bit scales and mins unpacked to one byte each
 d and dmin side by side (plane dm), and each sub-block's 32 nibbles in 16 bytes (plane qs) ordered so
 that nibble i of the sub-block's little-endian 32-bit word r is element 4i + r. The decoded values
 are the same; the planes hold 148 bytes per 256 elements instead of 144. A third, "rows", is the
-planar layout regrouped by ROWS rows (`interleave_rows`) for the one-row int8 matvec of
+planar layout regrouped by ROWS rows (`interleave_rows`) for the int8 decode matvec of
 `_matvec_q4k_rows`, whose warps take 32 rows of one sub-block; the other kernels read it through
 `_bits.row_at`. STRATA_Q4K_LAYOUT picks the layout that layers are packed in.
 """
