@@ -22,7 +22,6 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import astuple
 from pathlib import Path
 
 if "--smoke" in sys.argv:
@@ -49,20 +48,26 @@ SHAPES = {
 SMOKE_SHAPES = [("tiny", 72, 768)]
 
 
-def candidates(n: int, k: int, smoke: bool) -> list[tuple[int, int, int, int, bool, bool]]:
-    """(rows, super-blocks a step, split, warps, xvec, prefetch): a lane per row, warps across rows,
-    then steps; splits 1, 2, 4 (and 8 below 8,192 rows), each plain, with the next step's weights
-    prefetched, and with that and x's scales in 16-byte loads."""
+def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
+    """A lane per row, a warp per 32 rows: rows 32/64/128, one super-block a step (two convert every
+    step under Triton 3.9), splits 1, 2, 4 (and 8 below 8,192 rows), each plain, with the next step's
+    weights prefetched, with that and the words past L1, and with that and x's scales in 16-byte
+    loads."""
     if smoke:
-        return [(32, 1, 1, 1, False, False), (32, 2, 2, 2, True, False), (64, 1, 3, 2, True, True)]
+        return [
+            RowsConfig(32, 1, 1, 1),
+            RowsConfig(32, 2, 2, 2, xvec=True),
+            RowsConfig(64, 1, 3, 2, True, True, True),
+        ]
     out = []
     splits = (1, 2, 4, 8) if n < 8192 else (1, 2, 4)
-    for (rows, step), split, (xvec, prefetch) in itertools.product(
-        ((32, 1), (32, 2), (64, 1), (64, 2), (128, 1)), splits, ((False, False), (False, True), (True, True))
+    variants = ((False, False, False), (False, True, False), (False, True, True), (True, True, False))
+    for (rows, step), split, (xvec, prefetch, stream) in itertools.product(
+        ((32, 1), (64, 1), (128, 1)), splits, variants
     ):
         if split > 1 and k // 256 // split < step:
             continue
-        out.append((rows, step, split, rows // 32 * step, xvec, prefetch))
+        out.append(RowsConfig(rows, step, split, rows // 32 * step, xvec, prefetch, stream))
     return out
 
 
@@ -96,19 +101,17 @@ def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: 
     by_rows: dict[int, list[tuple[torch.Tensor, ...]]] = {}
     failures = 0
     sms = 132 if args.smoke else torch.cuda.get_device_properties(device).multi_processor_count
-    default = astuple(rows_config(n, k, ROWS, sms))  # what STRATA_Q4K_LAYOUT=rows launches
-    for rows, step, split, warps, xvec, prefetch in [*candidates(n, k, args.smoke), default]:
-        label = (
-            f"rows {rows} step {step} split {split} warps {warps}" + " xvec" * xvec + " prefetch" * prefetch
-        )
-        if (rows, step, split, warps, xvec, prefetch) == default:
-            label += " (rows_config)"
+    default = rows_config(n, k, ROWS, sms)  # what STRATA_Q4K_LAYOUT=rows launches
+    for cfg in [*candidates(n, k, args.smoke), default]:
+        rows, split = cfg.rows, cfg.split_k
+        label = f"rows {rows} step {cfg.step} split {split} warps {cfg.num_warps}"
+        label += " xvec" * cfg.xvec + " prefetch" * cfg.prefetch + " stream" * cfg.stream
+        label += " (rows_config)" * (cfg == default)
         planes = by_rows.setdefault(rows, [kernel_planes(w.planes, rows) for w in packed])
         ws = (
             torch.zeros(split, args.m, n, device=device),
             torch.zeros(-(-n // rows), dtype=torch.int32, device=device),
         )
-        cfg = RowsConfig(rows, step, split, warps, xvec, prefetch)
 
         def arm(i: int, planes=planes, ws=ws, cfg=cfg) -> None:
             q4_k_rows_int8_matvec(*xq, planes[i % len(planes)], n, k, out, cfg, use_asm=not args.smoke,

@@ -27,10 +27,10 @@ from strata.kernels.quant_pack import ROWS
 
 @dataclass(frozen=True)
 class RowsConfig:
-    """One launch of the row-interleaved kernel: `rows` per group (the copy's grouping), `step`
+    """One launch of the row-interleaved kernel: `rows` per group (the layout's grouping), `step`
     super-blocks a step, K split `split_k` ways, `num_warps` (a warp per 32 rows and super-block of
     a step), `xvec` (dx and the x sums in 16-byte loads), `prefetch` (the next step's weights loaded
-    before this step computes)."""
+    before this step computes), `stream` (the weight words loaded past L1)."""
 
     rows: int = ROWS
     step: int = 1
@@ -38,6 +38,7 @@ class RowsConfig:
     num_warps: int = ROWS // 32
     xvec: bool = False
     prefetch: bool = False
+    stream: bool = False
 
 
 def rows_config(n: int, k: int, rows: int, num_sms: int) -> RowsConfig:
@@ -59,7 +60,7 @@ def q4_k_rows_int8_matvec_kernel(
     R: tl.constexpr, NB: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     USE_ASM: tl.constexpr, EVEN: tl.constexpr = False, XVEC: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
-    M: tl.constexpr = 1, M_PAD: tl.constexpr = 1,
+    M: tl.constexpr = 1, M_PAD: tl.constexpr = 1, STREAM: tl.constexpr = False,
 ):  # fmt: skip
     """Program (g, split) sums rows g * R .. over its split's super-blocks, NB a step, for M rows of x
     (M_PAD, their next power of two). A lane takes one row and a whole super-block: its 8 sub-blocks'
@@ -67,8 +68,8 @@ def q4_k_rows_int8_matvec_kernel(
     loaded once. EVEN: the steps cover the super-blocks exactly (no masks). XVEC: dx and the x sums
     in 16-byte loads (`_x`; Triton 3.9 converts them every step, 3.6 does not). NB > 1 also converts
     under 3.9 (`compile_check` counts the barriers). PREFETCH: each step's weights are loaded before
-    the step before it computes (the last step reloads its own instead of reading past the end). The
-    same sums in every variant."""
+    the step before it computes (the last step reloads its own instead of reading past the end).
+    STREAM: the weight words loaded past L1 (`_weights`). The same sums in every variant."""
     g = tl.program_id(0)
     n_blk = K // 256
     lo, hi = split_range(n_blk, NB, SPLIT_K)
@@ -78,20 +79,21 @@ def q4_k_rows_int8_matvec_kernel(
     acc = tl.zeros((R, NB, 8), tl.float32) if M == 1 else tl.zeros((M_PAD, R, NB), tl.float32)
     if PREFETCH:
         b = lo + tl.arange(0, NB)
-        following = _weights(planes, b, b < hi, R, EVEN)
+        following = _weights(planes, b, b < hi, R, EVEN, STREAM)
         for b0 in range(lo, hi, NB):
             b = b0 + tl.arange(0, NB)
             bv = b < hi
             these = following
             ahead = b + NB
             ahead = tl.where(ahead < hi, ahead, b)  # in range, so that no mask is needed when EVEN
-            following = _weights(planes, ahead, bv, R, EVEN)
+            following = _weights(planes, ahead, bv, R, EVEN, STREAM)
             acc = _step(acc, these, x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD)
     else:
         for b0 in range(lo, hi, NB):
             b = b0 + tl.arange(0, NB)
             bv = b < hi
-            acc = _step(acc, _weights(planes, b, bv, R, EVEN), x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD)
+            weights = _weights(planes, b, bv, R, EVEN, STREAM)
+            acc = _step(acc, weights, x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD)
     sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else tl.sum(acc, 2)
     rows = g * R + tl.arange(0, R)
     store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym,
@@ -115,10 +117,11 @@ def _step(acc, weights, x, b, bv, R: tl.constexpr, EVEN: tl.constexpr, XVEC: tl.
 
 
 @triton.jit
-def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr):
+def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr, STREAM: tl.constexpr = False):
     """Super-blocks b (NB,) of the group's R rows: words (R, NB, 8, 4) (`_rows_first`: a lane per row,
     a super-block's sub-blocks in one lane), (R, NB, 8) sc and mn (8 contiguous bytes a lane), (R, NB,
-    1) the (d, dmin) pair; `bv` masks them unless EVEN. dm's offsets pass through a select, which
+    1) the (d, dmin) pair; `bv` masks them unless EVEN; STREAM: the words bypass L1 (`.cg`: read once,
+    they leave L1 to x and the scales). dm's offsets pass through a select, which
     hides their contiguity along the rows: one word a lane, in the words' lane layout (no conversion;
     see `_matvec_q4k_planar._loads`)."""
     qs, scm_ptr, dm_ptr = planes
@@ -134,6 +137,7 @@ def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr):
             + tl.arange(0, R * 4)[None, None, :],
             mask=None if EVEN else bv[:, None, None],
             other=z,
+            cache_modifier=".cg" if STREAM else "",
         ),
         R,
     )
@@ -223,7 +227,7 @@ def q4_k_rows_int8_matvec(
         y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, NB=c.step, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm,
         EVEN=k // 256 % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch, ADD=accumulate,
-        M=m, M_PAD=triton.next_power_of_2(m),
+        M=m, M_PAD=triton.next_power_of_2(m), STREAM=c.stream,
         num_warps=c.num_warps, **launch_args(out.device),
     )  # fmt: skip
     return out
