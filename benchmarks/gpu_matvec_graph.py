@@ -222,6 +222,18 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
     )
 
 
+def sweep_setup(args: argparse.Namespace, by_model: dict, smoke_shapes: list) -> tuple:
+    """(device, a seeded generator on it, the copy ceiling in GB/s (NaN under --smoke), the shapes
+    of --models from `by_model`, each prefixed by its model, or `smoke_shapes` under --smoke)."""
+    device = "cpu" if args.smoke else "cuda"
+    gen = torch.Generator(device=device).manual_seed(0)
+    ceiling = math.nan if args.smoke else copy_ceiling_gbs(device, False)
+    shapes = [("smoke", *s) for s in smoke_shapes] if args.smoke else [
+        (model, *s) for model in args.models.split(",") for s in by_model[model]
+    ]  # fmt: skip
+    return device, gen, ceiling, shapes
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="0.5b,7b")
@@ -235,12 +247,7 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = p.parse_args()
-    device = "cpu" if args.smoke else "cuda"
-    gen = torch.Generator(device=device).manual_seed(0)
-    ceiling = math.nan if args.smoke else copy_ceiling_gbs(device, False)
-    shapes = [("smoke", *s) for s in SMOKE_SHAPES] if args.smoke else [
-        (model, *s) for model in args.models.split(",") for s in SHAPES[model]
-    ]  # fmt: skip
+    device, gen, ceiling, shapes = sweep_setup(args, SHAPES, SMOKE_SHAPES)
     types = set(filter(None, args.types.split(",")))
     shapes = [s for s in shapes if not types or s[2].name in types]
     layouts = args.layouts.split(",")

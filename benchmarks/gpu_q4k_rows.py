@@ -31,8 +31,8 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
-from gpu_matvec_graph import graph_call_us  # noqa: E402
+from gpu_kernels import random_weight  # noqa: E402
+from gpu_matvec_graph import graph_call_us, sweep_setup  # noqa: E402
 
 from strata.kernels._matvec_q4k_rows import RowsConfig, q4_k_rows_int8_matvec, rows_config  # noqa: E402
 from strata.kernels.int8_inputs import quantize_x  # noqa: E402
@@ -155,12 +155,7 @@ def main() -> int:
     p.add_argument("--m", type=int, default=1, help="x rows (decode sequences), 1 to 16")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
-    device = "cpu" if args.smoke else "cuda"
-    gen = torch.Generator(device=device).manual_seed(0)
-    ceiling = math.nan if args.smoke else copy_ceiling_gbs(device, False)
-    shapes = [("smoke", *s) for s in SMOKE_SHAPES] if args.smoke else [
-        (model, *s) for model in args.models.split(",") for s in SHAPES[model]
-    ]  # fmt: skip
+    _, gen, ceiling, shapes = sweep_setup(args, SHAPES, SMOKE_SHAPES)
     table, failures = [], 0
     for model, name, n, k in shapes:
         row, failed = sweep(model, name, n, k, args, gen)
