@@ -6,8 +6,9 @@
 #   4. benchmarks/gpu_matvec_graph.py: matvec tiles timed in graphs       (MATVEC_SWEEP=1 adds it)
 #   4a. benchmarks/gpu_q4k_rows.py: the row-interleaved Q4_K kernel against the planar default in
 #      graphs (ROWS_SWEEP=1 adds it, ROWS_ARGS to it; about 5 minutes for the 7B's shapes)
-#   4b. Q4_K layouts on the 7B: `bench ab strata:q4k_layout=blocks strata:q4k_layout=planar`, decode
-#      b1, decode of 8 sequences, prefill 2,048, (asked for) 64 sequences (LAYOUT_AB=1 adds it; about 3 minutes)
+#   4b. Q4_K layouts on the 7B: `bench ab strata:q4k_layout=blocks strata:q4k_layout=planar` (LAYOUT_A
+#      and LAYOUT_B name others, e.g. planar and rows), decode b1, decode of 8 sequences, prefill
+#      2,048, (asked for) 64 sequences (LAYOUT_AB=1 adds it; about 3 minutes)
 #   4c. int8 x for Q6_K, Q8_0, Q5_0 end to end: `bench ab strata strata:int8_x=...`, decode b1 on
 #      the 7B (Q4_K+Q6_K) and the 0.5B (all four types) (INT8_AB=1 adds it; about 2 minutes)
 #   4d. any `strata bench ab` pairs: AB_CASES="name:args;name:args" (MODEL7, MODEL15 and MODEL05 in the
@@ -60,11 +61,12 @@ model=/tmp/strata-synth/qwen2.5-0.5b.gguf
     tee "$OUT/rows.txt" | grep -v "^7b\|^1.5b" | tail -12
 if [ -n "${LAYOUT_AB:-}" ]; then
     [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] || python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
-    pair="strata:q4k_layout=blocks strata:q4k_layout=planar --device cuda --model /tmp/strata-synth/qwen2.5-7b.gguf"
+    layouts="strata:q4k_layout=${LAYOUT_A:-blocks} strata:q4k_layout=${LAYOUT_B:-planar}"
+    pair="$layouts --device cuda --model /tmp/strata-synth/qwen2.5-7b.gguf"
     for case in "b1:-p 512 -n 128" "b8:-b 8 -p 128 -n 64" "prefill:--mode prefill -p 2048" \
         "b64:-b 64 -p 128 -n 64"; do
         [[ " ${LAYOUT_CASES:-b1 b8 prefill} " == *" ${case%%:*} "* ]] || continue
-        echo "== 7B Q4_K layouts, ${case%%:*}"
+        echo "== 7B Q4_K layouts ${LAYOUT_A:-blocks} -> ${LAYOUT_B:-planar}, ${case%%:*}"
         timeout 150 python3 -m strata.cli bench ab $pair --gate self --pairs 2 ${case#*:} --out /tmp/ab_layout \
             2>&1 | grep -E "tok_s|gate"
         cp /tmp/ab_layout/summary.json "$OUT/ab_layout_${case%%:*}.json"
