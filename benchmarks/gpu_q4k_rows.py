@@ -50,7 +50,7 @@ SMOKE_SHAPES = [("tiny", 72, 768)]
 
 def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
     """A lane per row, a warp per 32 rows: rows 32/64/128, one super-block a step (two convert every
-    step under Triton 3.9), splits 1, 2, 4 (and 8 below 8,192 rows), each plain, with the next step's
+    step under Triton 3.9), splits 1, 2, 4 (and 8-32 below 8,192 rows), each plain, with the next step's
     weights prefetched, with that and the words past L1, and with that and x's scales in 16-byte
     loads."""
     if smoke:
@@ -60,7 +60,7 @@ def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
             RowsConfig(64, 1, 3, 2, True, True, True),
         ]
     out = []
-    splits = (1, 2, 4, 8) if n < 8192 else (1, 2, 4)
+    splits = (1, 2, 4, 8, 16, 32) if n < 8192 else (1, 2, 4)
     variants = ((False, False, False), (False, True, False), (False, True, True), (True, True, False))
     for (rows, step), split, (xvec, prefetch, stream) in itertools.product(
         ((32, 1), (64, 1), (128, 1)), splits, variants

@@ -212,8 +212,9 @@ def test_rows_layout_on_the_layers(monkeypatch):
 
 
 def test_rows_config_fills_the_gpu():
-    # About 32 warps per SM: a narrow weight splits K (at most 8 ways, a super-block each at least).
+    # About 32 warps per SM: a narrow weight splits K (at most 32 ways, a super-block each at least).
     assert rows_config(37888, 3584, 64, 132).split_k == 4
-    assert rows_config(3584, 18944, 64, 132).split_k == 8
+    assert rows_config(3584, 18944, 64, 132).split_k == 32
+    assert rows_config(4608, 3584, 64, 132).split_k == 14
     assert rows_config(1536, 512, 64, 132).split_k == 2
     assert rows_config(151936, 3584, 64, 132).split_k == 1

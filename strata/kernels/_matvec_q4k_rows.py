@@ -45,11 +45,11 @@ def rows_config(n: int, k: int, rows: int, num_sms: int) -> RowsConfig:
     """The launch for an (n, k) weight regrouped by `rows` rows: one super-block a step and x's scales
     one a lane (the forms that compile without barriers in Triton 3.9 as in 3.6; `compile_check`), a
     warp per 32 rows, the next step prefetched, and K split until about 32 warps per SM are resident
-    (at most 8 ways, at least one super-block a split). A first guess, untimed:
-    benchmarks/gpu_q4k_rows.py sweeps these."""
+    (at most 32 ways, at least one super-block a split: the 7B's down, 56 groups of 64 rows, needs 32
+    to fill 132 SMs). A first guess, untimed: benchmarks/gpu_q4k_rows.py sweeps these."""
     warps = rows // 32
     programs = -(-n // rows)
-    split = max(1, min(8, k // 256, -(-32 * num_sms // (programs * warps))))
+    split = max(1, min(32, k // 256, -(-32 * num_sms // (programs * warps))))
     return RowsConfig(rows, 1, split, warps, xvec=False, prefetch=True)
 
 
