@@ -1,8 +1,9 @@
 """Q4_K decode matvecs on int8 x (M rows, default 1): the row-interleaved kernel (`_matvec_q4k_rows`,
 the "rows" layout) against the planar int8 kernel's default tile, side by side, inside CUDA graphs,
-on the 7B's and 1.5B's Q4_K decode shapes.
+on the 7B's and 1.5B's Q4_K decode shapes; with --types Q6_K, the Q6_K prototype
+(`_matvec_q6k_rows`) against Q6_K's int8 kernel at its default tile.
 
-    python benchmarks/gpu_q4k_rows.py [--models 7b,1.5b] [--m 1] [--calls 40] [--rounds 3]
+    python benchmarks/gpu_q4k_rows.py [--models 7b,1.5b] [--types Q4_K,Q6_K] [--m 1] [--calls 40] [--rounds 3]
     python benchmarks/gpu_q4k_rows.py --smoke     # the script itself, in Triton's interpreter
 
 Both kernels read the same x, quantized once (`quantize_x`, planar order; not timed). Each candidate
@@ -22,6 +23,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 if "--smoke" in sys.argv:
@@ -35,17 +37,26 @@ from gpu_kernels import random_weight  # noqa: E402
 from gpu_matvec_graph import graph_call_us, sweep_setup  # noqa: E402
 
 from strata.kernels._matvec_q4k_rows import RowsConfig, q4_k_rows_int8_matvec, rows_config  # noqa: E402
+from strata.kernels._matvec_q6k_rows import Q6KRowsConfig, interleave_q6k_rows, q6_k_rows_int8_matvec  # noqa: E402
 from strata.kernels.int8_inputs import quantize_x  # noqa: E402
 from strata.kernels.quant_matvec import default_config, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import ROWS, interleave_rows, pack_quant_weight  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
 
-Q4_K = GGMLQuantizationType.Q4_K
+T = GGMLQuantizationType
+Q4_K, Q6_K = T.Q4_K, T.Q6_K
 SHAPES = {
-    "7b": [("q+k+v", 4608, 3584), ("o", 3584, 3584), ("gate+up", 37888, 3584), ("down", 3584, 18944)],
-    "1.5b": [("q+k+v", 2048, 1536), ("o", 1536, 1536), ("gate+up", 17920, 1536), ("down", 1536, 8960)],
-}
-SMOKE_SHAPES = [("tiny", 72, 768)]
+    "7b": [
+        ("q+k+v", Q4_K, 4608, 3584), ("o", Q4_K, 3584, 3584), ("gate+up", Q4_K, 37888, 3584),
+        ("down", Q4_K, 3584, 18944), ("v", Q6_K, 512, 3584), ("down", Q6_K, 3584, 18944),
+        ("lm_head", Q6_K, 152064, 3584),
+    ],
+    "1.5b": [
+        ("q+k+v", Q4_K, 2048, 1536), ("o", Q4_K, 1536, 1536), ("gate+up", Q4_K, 17920, 1536),
+        ("down", Q4_K, 1536, 8960), ("down", Q6_K, 1536, 8960),
+    ],
+}  # fmt: skip
+SMOKE_SHAPES = [("tiny", Q4_K, 72, 768), ("tiny", Q6_K, 40, 512)]
 
 
 def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
@@ -71,27 +82,48 @@ def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
     return out
 
 
-def kernel_planes(planar: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
-    """The planar planes regrouped by `rows` rows as the kernel takes them (qs and dm as int32)."""
-    qs, scm, dm = interleave_rows(planar, rows)
-    return qs.view(torch.int32), scm, dm.view(torch.int32)
+def q6k_candidates(n: int, smoke: bool) -> list[Q6KRowsConfig]:
+    """The Q6_K prototype: rows 32/64/128, splits 1, 2, 4 (and 8-32 below 8,192 rows), with and without
+    the next half's quants prefetched."""
+    if smoke:
+        return [Q6KRowsConfig(32, 1), Q6KRowsConfig(32, 2, True)]
+    splits = (1, 2, 4, 8, 16, 32) if n < 8192 else (1, 2, 4)
+    return [Q6KRowsConfig(r, s, p) for r, s, p in itertools.product((32, 64, 128), splits, (False, True))]
 
 
-def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: torch.Generator):
+def kernel_planes(qtype: T, planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """The packed planes regrouped by `rows` rows as the rows kernel of `qtype` takes them."""
+    if qtype == Q4_K:
+        qs, scm, dm = interleave_rows(planes, rows)
+        return qs.view(torch.int32), scm, dm.view(torch.int32)
+    ql, qh, sc, d = interleave_q6k_rows(planes, rows)
+    return ql.view(torch.int32), qh.view(torch.int32), sc, d
+
+
+def rows_launch(qtype: T, xq, planes, n: int, k: int, out: torch.Tensor, cfg, smoke: bool, ws) -> None:
+    if qtype == Q4_K:
+        q4_k_rows_int8_matvec(*xq, planes, n, k, out, cfg, use_asm=not smoke, workspace=ws)
+    else:
+        q6_k_rows_int8_matvec(xq[0], xq[1], planes, n, k, out, cfg, use_asm=not smoke, workspace=ws)
+
+
+def sweep(model: str, name: str, qtype: T, n: int, k: int, args: argparse.Namespace, gen: torch.Generator):
     """Check every candidate on one shape, then time the baseline and the correct ones in turn;
     returns (the table row or None under --smoke, the number of failed checks)."""
     device = gen.device
-    raw = random_weight(Q4_K, n, k, str(device), gen)
+    raw = random_weight(qtype, n, k, str(device), gen)
     copies = 1 if args.smoke else max(1, min(args.calls, math.ceil(240e6 / raw.numel())))
-    packed = [pack_quant_weight(raw.clone() if i else raw, Q4_K, n, k, "planar") for i in range(copies)]
+    planar = qtype == Q4_K  # x's order: Q4_K's planar nibbles, else element order
+    layout = "planar" if planar else None
+    packed = [pack_quant_weight(raw.clone() if i else raw, qtype, n, k, layout) for i in range(copies)]
     x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
-    ref = x.double() @ dequantize(raw, Q4_K, (n, k)).double().T
-    xq = quantize_x(x, planar=True)
+    ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T
+    xq = quantize_x(x, planar=planar)
     out = torch.empty(args.m, n, dtype=torch.bfloat16, device=device)
-    base_cfg = default_config(Q4_K, args.m, n, k, planar_int8=True)
+    base_cfg = replace(default_config(qtype, args.m, n, k, planar_int8=planar), int8_x=True)
 
     def baseline(i: int) -> None:
-        quant_matvec(x, packed[i % len(packed)], Q4_K, n, k, out=out, config=base_cfg, x_int8={True: xq})
+        quant_matvec(x, packed[i % len(packed)], qtype, n, k, out=out, config=base_cfg, x_int8={planar: xq})
 
     baseline(0)
     base_out = out.double().clone()
@@ -101,21 +133,26 @@ def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: 
     by_rows: dict[int, list[tuple[torch.Tensor, ...]]] = {}
     failures = 0
     sms = 132 if args.smoke else torch.cuda.get_device_properties(device).multi_processor_count
-    default = rows_config(n, k, ROWS, sms)  # what STRATA_Q4K_LAYOUT=rows launches
-    for cfg in [*candidates(n, k, args.smoke), default]:
+    if planar:
+        default = rows_config(n, k, ROWS, sms)  # what STRATA_Q4K_LAYOUT=rows launches
+        configs: list[RowsConfig | Q6KRowsConfig] = [*candidates(n, k, args.smoke), default]
+    else:
+        default, configs = None, [*q6k_candidates(n, args.smoke)]
+    for cfg in configs:
         rows, split = cfg.rows, cfg.split_k
-        label = f"rows {rows} step {cfg.step} split {split} warps {cfg.num_warps}"
-        label += " xvec" * cfg.xvec + " prefetch" * cfg.prefetch + " stream" * cfg.stream
-        label += " (rows_config)" * (cfg == default)
-        planes = by_rows.setdefault(rows, [kernel_planes(w.planes, rows) for w in packed])
+        label = f"rows {rows} split {split}" + " prefetch" * cfg.prefetch
+        if isinstance(cfg, RowsConfig):
+            label += f" step {cfg.step} warps {cfg.num_warps}" + " xvec" * cfg.xvec + " stream" * cfg.stream
+            label += " (rows_config)" * (cfg == default)
+        planes = by_rows.setdefault(rows, [kernel_planes(qtype, w.planes, rows) for w in packed])
         ws = (
             torch.zeros(split, args.m, n, device=device),
             torch.zeros(-(-n // rows), dtype=torch.int32, device=device),
         )
 
         def arm(i: int, planes=planes, ws=ws, cfg=cfg) -> None:
-            q4_k_rows_int8_matvec(*xq, planes[i % len(planes)], n, k, out, cfg, use_asm=not args.smoke,
-                                  workspace=ws if cfg.split_k > 1 else None)  # fmt: skip
+            rows_launch(qtype, xq, planes[i % len(planes)], n, k, out, cfg, args.smoke,
+                        ws if cfg.split_k > 1 else None)  # fmt: skip
 
         out.fill_(float("nan"))
         try:
@@ -142,9 +179,19 @@ def sweep(model: str, name: str, n: int, k: int, args: argparse.Namespace, gen: 
     best = min((a for a in med if a != "baseline"), key=med.__getitem__)
     for a, t in sorted(med.items(), key=lambda kv: kv[1]):
         print(
-            f"{model} {name} {n}x{k}: {a}: {t:.2f} us ({min(times[a]):.2f}-{max(times[a]):.2f})", flush=True
+            f"{model} {name} {qtype.name} {n}x{k}: {a}: {t:.2f} us ({min(times[a]):.2f}-{max(times[a]):.2f})",
+            flush=True,
         )
-    return (model, name, n, k, packed[0].nbytes / 1e6, med["baseline"], best, med[best]), failures
+    return (
+        model,
+        f"{name} {qtype.name}",
+        n,
+        k,
+        packed[0].nbytes / 1e6,
+        med["baseline"],
+        best,
+        med[best],
+    ), failures
 
 
 def main() -> int:
@@ -152,13 +199,19 @@ def main() -> int:
     p.add_argument("--models", default="7b,1.5b")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--m", type=int, default=1, help="x rows (decode sequences), 1 to 16")
+    p.add_argument("--m", type=int, default=1, help="x rows (decode sequences), 1 to 16 (Q4_K; Q6_K: 1)")
+    p.add_argument("--types", default="Q4_K", help="Q4_K, Q6_K (the prototype) or both: Q4_K,Q6_K")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
     _, gen, ceiling, shapes = sweep_setup(args, SHAPES, SMOKE_SHAPES)
     table, failures = [], 0
-    for model, name, n, k in shapes:
-        row, failed = sweep(model, name, n, k, args, gen)
+    types = args.types.split(",")
+    for model, name, qtype, n, k in shapes:
+        if qtype.name not in types and not args.smoke:
+            continue
+        if qtype == Q6_K and args.m != 1:
+            raise SystemExit("--m: the Q6_K prototype takes one x row")
+        row, failed = sweep(model, name, qtype, n, k, args, gen)
         failures += failed
         if row is not None:
             table.append(row)

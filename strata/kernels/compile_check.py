@@ -116,7 +116,14 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         out.append((f"Q4_K int8 {name} add", q4_k_int8_matvec_kernel, dict(int8, ADD=True), {}))
         if m == 1:
             out += normed_variants(tile, name, u8, u8q5)
-    return out + rows_variants() + matmul_variants() + norm_variants() + attention_variants()
+    return (
+        out
+        + rows_variants()
+        + q6k_rows_variants()
+        + matmul_variants()
+        + norm_variants()
+        + attention_variants()
+    )
 
 
 def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
@@ -222,6 +229,21 @@ def norm_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         (f"rms_norm_int8 block={block}", _rms_norm_int8_kernel, dict(consts, BLOCK=block), pointers)
         for block in (1024, 4096)
     ]
+
+
+def q6k_rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
+    """The Q6_K prototype over rows (`_matvec_q6k_rows`), split and not, with prefetch and without. It
+    compiles without barriers in its loop under Triton 3.6 and with four under 3.9, so it is not in
+    NO_BARRIERS."""
+    from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec_kernel
+
+    pointers = {"ql_ptr": "*i32", "qh_ptr": "*i32", "sc_ptr": "*i8", "d_ptr": "*fp16"}
+    out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
+    for rows, split, ahead in ((64, 1, False), (128, 4, True)):
+        consts = dict(R=rows, SPLIT_K=split, HAS_BIAS=False, USE_ASM=True, PREFETCH=ahead, PDL=True)
+        name = f"Q6_K rows prototype R={rows} split={split} prefetch={ahead}"
+        out.append((name, q6_k_rows_int8_matvec_kernel, dict(consts, NUM_WARPS=rows // 32), pointers))
+    return out
 
 
 def matmul_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:

@@ -188,16 +188,19 @@ def interleave_rows(planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.
     The same bytes as the planar planes, moved; `deinterleave_rows` is the inverse."""
     qs, sc, mn, dm = planes
     n = qs.shape[0]
-    groups = -(-n // rows)
-
-    def regroup(plane: torch.Tensor, unit: int) -> torch.Tensor:
-        padded = torch.zeros(groups * rows, plane.shape[1], dtype=plane.dtype, device=plane.device)
-        padded[:n] = plane
-        units = padded.reshape(groups, rows, -1, unit).transpose(1, 2)
-        return units.contiguous().reshape(groups, -1)
-
     scm = torch.cat([sc.reshape(n, -1, 8), mn.reshape(n, -1, 8)], dim=2).reshape(n, -1)
-    return regroup(qs, 16), regroup(scm, 16), regroup(dm, 2)
+    return regroup_rows(qs, rows, 16), regroup_rows(scm, rows, 16), regroup_rows(dm, rows, 2)
+
+
+def regroup_rows(plane: torch.Tensor, rows: int, unit: int) -> torch.Tensor:
+    """An (n, c) plane as (ceil(n / rows), c * rows): each run of `unit` columns of a group's rows
+    side by side, rows past n zero."""
+    n = plane.shape[0]
+    groups = -(-n // rows)
+    padded = torch.zeros(groups * rows, plane.shape[1], dtype=plane.dtype, device=plane.device)
+    padded[:n] = plane
+    units = padded.reshape(groups, rows, -1, unit).transpose(1, 2)
+    return units.contiguous().reshape(groups, -1)
 
 
 def deinterleave_rows(planes: tuple[torch.Tensor, ...], n: int, rows: int) -> tuple[torch.Tensor, ...]:

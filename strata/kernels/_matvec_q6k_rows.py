@@ -1,0 +1,150 @@
+"""Q6_K matvec on int8 x over planes regrouped by rows (a prototype for the sweep; no layout uses it).
+
+The Q6_K counterpart of `_matvec_q4k_rows`: `interleave_q6k_rows` regroups Q6_K's packed planes (ql,
+qh, scales, d; quant_pack) by R rows, so that each 16-byte unit of a half super-block's quants of R
+rows lies side by side. A lane takes one row and a whole 128-element half: 4 loads of ql, 2 of qh,
+its 8 scales in one 8-byte load and d; x's words and scales dx are one address across the warp's
+lanes. The weights are the Q6_K int8 kernel's (`_matvec_q6k_int8`: four 6-bit values a word, minus
+32 per byte without borrows) and so are the products per 16 elements, d * scale * dx * dot; they
+are summed in another order.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from strata.kernels._bits import split_range, store_rows
+from strata.kernels._int8_x import _dp4a
+from strata.kernels.pdl import await_inputs, launch_args
+from strata.kernels.quant_pack import regroup_rows
+
+
+def interleave_q6k_rows(planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """Q6_K's packed planes (ql, qh uint8, scales int8, d fp16) regrouped by `rows` rows, each (G, ...)
+    for G = ceil(n / rows): ql and qh in 16-byte units, the scales in 8-byte units (one half
+    super-block's), d one a row and super-block. The same bytes, moved; rows past n are zero."""
+    ql, qh, sc, d = planes
+    return (
+        regroup_rows(ql, rows, 16),
+        regroup_rows(qh, rows, 16),
+        regroup_rows(sc, rows, 8),
+        regroup_rows(d, rows, 1),
+    )
+
+
+@dataclass(frozen=True)
+class Q6KRowsConfig:
+    """`rows` per group, K split `split_k` ways (in halves of super-blocks), a warp per 32 rows,
+    `prefetch`: the next half's quants loaded before this one's products."""
+
+    rows: int = 64
+    split_k: int = 1
+    prefetch: bool = False
+
+
+@triton.jit
+def q6_k_rows_int8_matvec_kernel(
+    xq_ptr, xd_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
+    N, K, stride_ys, stride_ym,
+    R: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
+    PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Program (g, split) sums rows g * R .. over its split's halves (128 elements) for one x row."""
+    grp = tl.program_id(0)
+    n_half = K // 128
+    lo, hi = split_range(n_half, 1, SPLIT_K)
+    planes = (  # each group's start: ql and qh in int32 words, the scales in bytes, d in fp16s
+        ql_ptr + grp * (n_half * 16 * R),
+        qh_ptr + grp * (n_half * 8 * R),
+        sc_ptr + grp * (n_half * 8 * R),
+        d_ptr + grp * (n_half // 2 * R),
+    )
+    await_inputs(PDL)
+    acc = tl.zeros((R, 2, 2), tl.float32)
+    if PREFETCH:
+        following = _quants(planes, lo, R)
+        for half in range(lo, hi):
+            these = following
+            following = _quants(planes, tl.minimum(half + 1, hi - 1), R)
+            acc += _products(*these, xq_ptr, xd_ptr, half, R, USE_ASM)
+    else:
+        for half in range(lo, hi):
+            acc += _products(*_quants(planes, half, R), xq_ptr, xd_ptr, half, R, USE_ASM)
+    rows = grp * R + tl.arange(0, R)
+    store_rows(y_ptr, out_ptr, lock_ptr, tl.sum(tl.sum(acc, 2), 1)[None, :], rows, N, stride_ys, stride_ym,
+               1, 1, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+
+
+@triton.jit
+def _merged(ptr, units, R: tl.constexpr):
+    """The int32 words of 16-byte units `units` (U,) of R rows, each unit's rows side by side, loaded
+    with rows and words as one contiguous dimension (a lane per row in every Triton version, see
+    `_matvec_q4k_rows._rows_first`) and returned as (R, U, 4)."""
+    t = tl.load(ptr + units[:, None] * (R * 4) + tl.arange(0, R * 4)[None, :])
+    return tl.permute(tl.reshape(t, (units.shape[0], R, 4)), (1, 0, 2))
+
+
+@triton.jit
+def _quants(planes, half, R: tl.constexpr):
+    """Half `half`'s ql words (R, 2 (32-byte chunk h), 2 (16-element group q), 4), qh words (R, 1, 2, 4),
+    its 8 scales (R, 8) and d (R,) as fp32."""
+    ql_ptr, qh_ptr, sc_ptr, d_ptr = planes
+    ql = tl.reshape(_merged(ql_ptr, half * 4 + tl.arange(0, 4), R), (R, 2, 2, 4))
+    qh = tl.reshape(_merged(qh_ptr, half * 2 + tl.arange(0, 2), R), (R, 1, 2, 4))
+    sc = tl.reshape(tl.load(sc_ptr + half * (8 * R) + tl.arange(0, R * 8)), (R, 8))
+    r = tl.arange(0, R)
+    d = tl.load(d_ptr + (half // 2) * R + tl.where(r < R, r, 0)).to(tl.float32)  # select: one a lane
+    return ql, qh, sc, d
+
+
+@triton.jit
+def _products(ql, qh, sc, d, xq_ptr, xd_ptr, half, R: tl.constexpr, USE_ASM: tl.constexpr):
+    """The (R, 2, 2) scaled sums of half `half`'s four sub-blocks, per (h, 16-element group): sub-block
+    s = 2 n + h takes ql's nibble n and qh's bits 2s, 2s + 1; scale index 2s + q."""
+    h = tl.arange(0, 2)[None, :, None, None]
+    scales = tl.split(tl.permute(tl.reshape(sc, (R, 2, 2, 2)), (0, 2, 3, 1)))  # per n: (R, h, q)
+    out = tl.zeros((R, 2, 2), tl.float32)
+    for n in tl.static_range(2):
+        q6 = ((ql >> (4 * n)) & 0x0F0F0F0F) | (((qh >> (2 * (2 * n + h))) & 0x03030303) << 4)
+        w = (((q6.to(tl.uint32, bitcast=True) | 0x80808080) - 0x20202020) ^ 0x80808080).to(
+            tl.int32, bitcast=True
+        )
+        sub = half * 4 + 2 * n + tl.arange(0, 2)  # (h,) x's sub-blocks
+        units = sub[:, None] * 2 + tl.arange(0, 2)[None, :]  # (h, q): 16-byte units of x's words
+        x_at = xq_ptr + units[:, :, None] * 4 + (tl.arange(0, R * 4) % 4)[None, None, :]
+        x = tl.permute(tl.reshape(tl.load(x_at), (2, 2, R, 4)), (2, 0, 1, 3))  # (R, h, q, 4)
+        dot = tl.sum(_dp4a(w, x, tl.zeros_like(w), USE_ASM, SIGNED_A=True), 3)  # (R, h, q)
+        r = tl.arange(0, R)[:, None]
+        dx = tl.load(xd_ptr + tl.where(r < R, sub[None, :], 0))  # (R, h), one a lane
+        scale = d[:, None, None] * scales[n].to(tl.float32)  # exact, as dequantize's d * sc
+        out += scale * dot.to(tl.float32) * dx[:, :, None]
+    return out
+
+
+def q6_k_rows_int8_matvec(
+    xq: torch.Tensor,
+    xd: torch.Tensor,
+    planes: tuple[torch.Tensor, ...],
+    n: int,
+    k: int,
+    out: torch.Tensor,
+    config: Q6KRowsConfig,
+    *,
+    use_asm: bool = True,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """out (1, n) = x @ W^T for one x row quantized by `int8_inputs.quantize_x(x, planar=False)` (xq,
+    xd; element order) and W's Q6_K planes from `interleave_q6k_rows(planes, config.rows)` (ql, qh as
+    int32). Under split-K, `workspace` is (fp32 partials (split_k, 1, n), zeroed int32 counters)."""
+    c = config
+    if c.split_k > 1 and workspace is None:
+        raise ValueError("split_k > 1 needs workspace=(partials (split_k, 1, n) fp32, zeroed int32 counters)")
+    y, locks = workspace if workspace is not None else (out, out)
+    q6_k_rows_int8_matvec_kernel[(triton.cdiv(n, c.rows), c.split_k)](
+        xq, xd, y, out, locks, out, *planes, n, k, y.stride(0) if c.split_k > 1 else 0, out.stride(0),
+        R=c.rows, SPLIT_K=c.split_k, HAS_BIAS=False, USE_ASM=use_asm, PREFETCH=c.prefetch,
+        num_warps=c.rows // 32, **launch_args(out.device),
+    )  # fmt: skip
+    return out
