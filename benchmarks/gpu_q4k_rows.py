@@ -92,12 +92,8 @@ def q6k_candidates(n: int, smoke: bool) -> list[Q6KRowsConfig]:
 
 
 def kernel_planes(qtype: T, planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
-    """The packed planes regrouped by `rows` rows as the rows kernel of `qtype` takes them."""
-    if qtype == Q4_K:
-        qs, scm, dm = interleave_rows(planes, rows)
-        return qs.view(torch.int32), scm, dm.view(torch.int32)
-    ql, qh, sc, d = interleave_q6k_rows(planes, rows)
-    return ql.view(torch.int32), qh.view(torch.int32), sc, d
+    """The packed planes regrouped by `rows` rows for the rows kernel of `qtype`."""
+    return interleave_rows(planes, rows) if qtype == Q4_K else interleave_q6k_rows(planes, rows)
 
 
 def rows_launch(qtype: T, xq, planes, n: int, k: int, out: torch.Tensor, cfg, smoke: bool, ws) -> None:

@@ -44,8 +44,7 @@ def rows_against_planar(
         torch.zeros(split, 1, n, device=DEVICE),
         torch.zeros(groups, dtype=torch.int32, device=DEVICE),
     )
-    qs, scm, dm = interleave_rows(packed.planes, rows)
-    planes = (qs.view(torch.int32), scm, dm.view(torch.int32))
+    planes = interleave_rows(packed.planes, rows)
     y = q4_k_rows_int8_matvec(
         *quantize_x(x, planar=True), planes, n, k, out, RowsConfig(rows, step, split, warps, xvec, prefetch),
         use_asm=use_asm(x),
@@ -145,10 +144,8 @@ def test_rows_kernel_on_several_x_rows(m: int, split: int):
         torch.zeros(split, m, n + 6, device=DEVICE),
         torch.zeros(2, dtype=torch.int32, device=DEVICE),
     )
-    qs, scm, dm = rows.planes
-    planes = (qs.view(torch.int32), scm, dm.view(torch.int32))
     got = q4_k_rows_int8_matvec(
-        *quantize_x(x, planar=True), planes, n, k, wide[:, :n], cfg, use_asm=use_asm(x),
+        *quantize_x(x, planar=True), rows.planes, n, k, wide[:, :n], cfg, use_asm=use_asm(x),
         workspace=workspace if split > 1 else None,
     ).double()  # fmt: skip
     bound = x.double().abs() @ dequantize_packed(planar, torch.float32).double().abs().T

@@ -29,14 +29,13 @@ def against_int8_kernel(n: int, k: int, rows: int, split: int, prefetch: bool) -
     x = torch.randn(1, k, device=DEVICE).bfloat16()
     x[0, 32:64] = 0  # an all-zero sub-block: its scale dx is 0
     want = quant_matvec(x, packed, T.Q6_K, n, k, config=MatvecConfig(16, 256, 1, int8_x=True)).double()
-    ql, qh, sc, d = interleave_q6k_rows(packed.planes, rows)
     xq, xd, _ = quantize_x(x, planar=False)
     out = torch.full((1, n), float("nan"), dtype=x.dtype, device=DEVICE)
     workspace = (
         torch.zeros(split, 1, n, device=DEVICE),
         torch.zeros(-(-n // rows), dtype=torch.int32, device=DEVICE),
     )
-    planes = (ql.view(torch.int32), qh.view(torch.int32), sc, d)
+    planes = interleave_q6k_rows(packed.planes, rows)
     got = q6_k_rows_int8_matvec(
         xq, xd, planes, n, k, out, Q6KRowsConfig(rows, split, prefetch), use_asm=use_asm(x),
         workspace=workspace if split > 1 else None,

@@ -214,16 +214,18 @@ def q4_k_rows_int8_matvec(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """out (M, n) = x @ W^T (+ bias; with `accumulate`, added to out) for M rows of x quantized by
-    `int8_inputs.quantize_x(x, planar=True)` (xq, xd, xs) and W's planes from
-    `quant_pack.interleave_rows(planes, config.rows)` (qs and dm viewed as int32). Under split-K,
-    `workspace` is (fp32 partials (split_k, M, n), int32 counters of at least ceil(n / rows), zero)."""
+    `int8_inputs.quantize_x(x, planar=True)` (xq, xd, xs) and W's planes as
+    `quant_pack.interleave_rows(planes, config.rows)` makes them. Under split-K, `workspace` is (fp32
+    partials (split_k, M, n), int32 counters of at least ceil(n / rows), zero)."""
     c = config
     m = xq.shape[0]
     if c.split_k > 1 and workspace is None:
-        raise ValueError("split_k > 1 needs workspace=(partials (split_k, 1, n) fp32, zeroed int32 counters)")
+        raise ValueError("split_k > 1 needs workspace=(partials (split_k, M, n) fp32, zeroed int32 counters)")
+    qs, scm, dm = planes
     y, locks = workspace if workspace is not None else (out, out)
     q4_k_rows_int8_matvec_kernel[(triton.cdiv(n, c.rows), c.split_k)](
-        xq, xd, xs, y, out, locks, out if bias is None else bias, *planes, n, k,
+        xq, xd, xs, y, out, locks, out if bias is None else bias, qs.view(torch.int32), scm,
+        dm.view(torch.int32), n, k,
         y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, NB=c.step, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm,
         EVEN=k // 256 % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch, ADD=accumulate,

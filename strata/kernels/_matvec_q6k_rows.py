@@ -136,14 +136,16 @@ def q6_k_rows_int8_matvec(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """out (1, n) = x @ W^T for one x row quantized by `int8_inputs.quantize_x(x, planar=False)` (xq,
-    xd; element order) and W's Q6_K planes from `interleave_q6k_rows(planes, config.rows)` (ql, qh as
-    int32). Under split-K, `workspace` is (fp32 partials (split_k, 1, n), zeroed int32 counters)."""
+    xd; element order) and W's Q6_K planes as `interleave_q6k_rows(planes, config.rows)` makes them.
+    Under split-K, `workspace` is (fp32 partials (split_k, 1, n), zeroed int32 counters)."""
     c = config
     if c.split_k > 1 and workspace is None:
         raise ValueError("split_k > 1 needs workspace=(partials (split_k, 1, n) fp32, zeroed int32 counters)")
+    ql, qh, sc, d = planes
     y, locks = workspace if workspace is not None else (out, out)
     q6_k_rows_int8_matvec_kernel[(triton.cdiv(n, c.rows), c.split_k)](
-        xq, xd, y, out, locks, out, *planes, n, k, y.stride(0) if c.split_k > 1 else 0, out.stride(0),
+        xq, xd, y, out, locks, out, ql.view(torch.int32), qh.view(torch.int32), sc, d, n, k,
+        y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, SPLIT_K=c.split_k, HAS_BIAS=False, USE_ASM=use_asm, PREFETCH=c.prefetch,
         num_warps=c.rows // 32, **launch_args(out.device),
     )  # fmt: skip

@@ -426,10 +426,8 @@ def _rows_matvec(
             cfg.split_k, out.shape[0], out.stride(0), dtype=torch.float32, device=out.device
         )
         workspace = (partials, split_locks(out.device, triton.cdiv(w.n, w.rows_group)))
-    qs, scm, dm = w.planes
-    planes = (qs.view(torch.int32), scm, dm.view(torch.int32))
     q4_k_rows_int8_matvec(
-        *xq, planes, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=use_asm(xq[0]),
+        *xq, w.planes, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=use_asm(xq[0]),
         workspace=workspace,
     )  # fmt: skip
 
