@@ -16,6 +16,15 @@ def exact_float(u, BIAS: tl.constexpr):
 
 
 @triton.jit
+def fp16_halves(pair):
+    """The two fp16 values side by side in each int32 word of `pair` (the low half first): Q4_K's d
+    and dmin loaded as one word."""
+    low = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    high = ((pair >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    return low, high
+
+
+@triton.jit
 def row_at(r, c, stride, R: tl.constexpr, U: tl.constexpr, W: tl.constexpr):
     """The offset of column c of row r in a planar plane (row stride `stride`): r * stride + c; or, with
     R rows per group (quant_pack's "rows" layout, `stride` then a group's), in the plane regrouped so

@@ -11,7 +11,7 @@ computes, so a thread keeps two steps of weights in flight instead of one.
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import add_to_row3, exact_float, row_at, split_range, store_rows
+from strata.kernels._bits import add_to_row3, exact_float, fp16_halves, row_at, split_range, store_rows
 from strata.kernels.pdl import await_inputs
 from strata.kernels.x_loads import load_x, row_inverse_rms
 
@@ -46,8 +46,7 @@ def _loads(
     mn = tl.load(mn_ptr + row_at(r2, s2, stride_mn, ROWS, 8, 16), mask=sv[None, :], other=0)
     if PAIRED_DM:
         pair = tl.load(dm_ptr + row_at(r2, s2 // 8, stride_dm, ROWS, 1, 1), mask=sv[None, :], other=0)
-        d = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-        dmin = ((pair >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+        d, dmin = fp16_halves(pair)
     else:
         d = tl.load(dm_ptr + row_at(r2, (s2 // 8) * 2, stride_dm, ROWS, 2, 2), mask=sv[None, :], other=0)
         dmin = tl.load(

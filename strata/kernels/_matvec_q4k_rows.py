@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import exact_float, split_range, store_rows
+from strata.kernels._bits import exact_float, fp16_halves, split_range, store_rows
 from strata.kernels._int8_x import _dp4a
 from strata.kernels.pdl import await_inputs, launch_args
 from strata.kernels.quant_pack import ROWS
@@ -191,8 +191,7 @@ def _products(words, sc, mn, pair, x_lo, x_hi, xd, xs, USE_ASM: tl.constexpr):
     int8 kernel, element for element."""
     dot = _dp4a(words & 0x0F0F0F0F, x_lo, tl.zeros(words.shape, tl.int32), USE_ASM)
     dot = _dp4a((words >> 4) & 0x0F0F0F0F, x_hi, dot, USE_ASM)
-    d = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-    dmin = ((pair >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    d, dmin = fp16_halves(pair)
     d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
     d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
     return d_sc * (tl.sum(dot, 3).to(tl.float32) * xd) - d_mn * xs
