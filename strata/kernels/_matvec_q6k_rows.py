@@ -117,7 +117,9 @@ def _products(ql, qh, sc, d, xq_ptr, xd_ptr, half, R: tl.constexpr, USE_ASM: tl.
         x = tl.permute(tl.reshape(tl.load(x_at), (2, 2, R, 4)), (2, 0, 1, 3))  # (R, h, q, 4)
         dot = tl.sum(_dp4a(w, x, tl.zeros_like(w), USE_ASM, SIGNED_A=True), 3)  # (R, h, q)
         r = tl.arange(0, R)[:, None]
-        dx = tl.load(xd_ptr + tl.where(r < R, sub[None, :], 0))  # (R, h), one a lane
+        # (R, h), one a lane: the hint hides sub's contiguity along h, which Triton 3.9 would give 2 lanes
+        # (16 x 2, converted with barriers every step; a select on r < R folds away and hides nothing)
+        dx = tl.load(xd_ptr + tl.max_contiguous(sub[None, :] + 0 * r, [1, 1]))
         scale = d[:, None, None] * scales[n].to(tl.float32)  # exact, as dequantize's d * sc
         out += scale * dot.to(tl.float32) * dx[:, :, None]
     return out

@@ -159,7 +159,7 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     ):
         consts = dict(R=rows, NB=1, SPLIT_K=split, HAS_BIAS=split > 1, USE_ASM=True, EVEN=even, PDL=True)
         consts |= dict(PREFETCH=ahead, ADD=split > 1, NUM_WARPS=rows // 32, M=m, M_PAD=m)
-        name = f"{NO_BARRIERS} R={rows} split={split} even={even} prefetch={ahead} M={m}"
+        name = f"{NO_BARRIERS[0]} R={rows} split={split} even={even} prefetch={ahead} M={m}"
         out.append((name, q4_k_rows_int8_matvec_kernel, consts, pointers))
     return out
 
@@ -232,8 +232,7 @@ def norm_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
 
 def q6k_rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
-    """The Q6_K prototype over rows (`_matvec_q6k_rows`), split and not, with prefetch and without. It
-    compiles without barriers in its loop under Triton 3.6 and with four under 3.9, so it is not in
+    """The Q6_K prototype over rows (`_matvec_q6k_rows`), split and not, with prefetch and without; in
     NO_BARRIERS."""
     from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec_kernel
 
@@ -241,7 +240,7 @@ def q6k_rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str
     out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
     for rows, split, ahead in ((64, 1, False), (128, 4, True)):
         consts = dict(R=rows, SPLIT_K=split, HAS_BIAS=False, USE_ASM=True, PREFETCH=ahead, PDL=True)
-        name = f"Q6_K rows prototype R={rows} split={split} prefetch={ahead}"
+        name = f"{NO_BARRIERS[1]} R={rows} split={split} prefetch={ahead}"
         out.append((name, q6_k_rows_int8_matvec_kernel, dict(consts, NUM_WARPS=rows // 32), pointers))
     return out
 
@@ -343,9 +342,9 @@ def check_pdl(ptx: str, level: int) -> None:
         raise AssertionError("PDL=2 but the PTX has no prefetch.global.L2 before its wait")
 
 
-# Variants whose name starts so must compile without a barrier in a loop (the row-interleaved matvec
-# was written for that, in both Triton versions it met: 3.6 and 3.9).
-NO_BARRIERS = "Q4_K rows int8"
+# Variants whose name starts so must compile without a barrier in a loop (the row-interleaved matvecs
+# were written for that, in both Triton versions they met: 3.6 and 3.9).
+NO_BARRIERS = ("Q4_K rows int8", "Q6_K rows prototype")
 
 
 def main() -> int:
