@@ -40,11 +40,12 @@ def q4k_layout() -> str:
     "rows" (opt-in, untimed) regroups the planar planes by 64 rows for an int8 decode matvec whose
     warps take 32 rows of one super-block (`kernels._matvec_q4k_rows`, up to STRATA_MATVEC_ROWS
     sequences); the other paths (fp32 x, the fused matmul, dequantization) read it with the planar
-    kernels."""
+    kernels. "auto" (opt-in) packs the weights large enough for that kernel to gain as "rows" and the
+    rest as "planar" (`quant_pack.ROWS_FROM`)."""
     value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "planar"
-    if value not in ("blocks", "planar", "rows"):
+    if value not in ("blocks", "planar", "rows", "auto"):
         raise ValueError(
-            f"STRATA_Q4K_LAYOUT={value!r} is not a layout; set blocks, planar or rows, or unset it"
+            f"STRATA_Q4K_LAYOUT={value!r} is not a layout; set blocks, planar, rows or auto, or unset it"
         )
     return value
 

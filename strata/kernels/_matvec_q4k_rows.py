@@ -44,13 +44,18 @@ class RowsConfig:
 def rows_config(n: int, k: int, rows: int, num_sms: int) -> RowsConfig:
     """The launch for an (n, k) weight regrouped by `rows` rows: one super-block a step and x's scales
     one a lane (the forms that compile without barriers in Triton 3.9 as in 3.6; `compile_check`), a
-    warp per 32 rows, the next step prefetched, and K split until about 32 warps per SM are resident
-    (at most 32 ways, at least one super-block a split: the 7B's down, 56 groups of 64 rows, needs 32
-    to fill 132 SMs). A first guess, untimed: benchmarks/gpu_q4k_rows.py sweeps these."""
+    warp per 32 rows, no prefetch, and K split (in powers of two) until about 16 warps per SM are
+    launched, at most 32 ways and at least about two super-blocks a split. From
+    benchmarks/gpu_q4k_rows.py on an H100 (RESULTS.md, thirteenth session): prefetch lost on every
+    7B shape (0.83-0.95x), and the best splits were 8 (q+k+v, o: 14 super-blocks a row), 2
+    (gate+up: 1,184 warps a split) and 32 (down: 112); this rule picks each of them."""
     warps = rows // 32
-    programs = -(-n // rows)
-    split = max(1, min(32, k // 256, -(-32 * num_sms // (programs * warps))))
-    return RowsConfig(rows, 1, split, warps, xvec=False, prefetch=True)
+    per_split = -(-n // rows) * warps
+    cap = min(32, 1 << max(0, (-(-k // 512) - 1).bit_length()))  # ceil(super-blocks / 2), to a power of 2
+    split = 1
+    while split < cap and per_split * split < 16 * num_sms:
+        split *= 2
+    return RowsConfig(rows, 1, split, warps, xvec=False, prefetch=False)
 
 
 @triton.jit

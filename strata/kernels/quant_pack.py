@@ -15,7 +15,9 @@ that nibble i of the sub-block's little-endian 32-bit word r is element 4i + r. 
 are the same; the planes hold 148 bytes per 256 elements instead of 144. A third, "rows", is the
 planar layout regrouped by ROWS rows (`interleave_rows`) for the int8 decode matvec of
 `_matvec_q4k_rows`, whose warps take 32 rows of one sub-block; the other kernels read it through
-`_bits.row_at`. STRATA_Q4K_LAYOUT picks the layout that layers are packed in.
+`_bits.row_at`. "auto" packs each Q4_K weight as "rows" where it is large enough for that kernel
+to gain (ROWS_FROM super-blocks) and as "planar" below. STRATA_Q4K_LAYOUT picks the layout that
+layers are packed in.
 """
 
 from __future__ import annotations
@@ -28,10 +30,15 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from strata import env
 
 _T = GGMLQuantizationType
-LAYOUTS = ("blocks", "planar", "rows")
+LAYOUTS = ("blocks", "planar", "rows", "auto")
 # Rows per group of the "rows" layout (a guess until benchmarks/gpu_q4k_rows.py has timed the groups
 # on a GPU; the kernels take it as a constant).
 ROWS = 64
+# "auto": the super-blocks (n * k / 256) from which a Q4_K weight takes the "rows" layout. On an H100
+# (benchmarks/gpu_q4k_rows.py, RESULTS.md thirteenth session) its kernel at its best launch ran the
+# 7B's gate+up (530k super-blocks) 1.15x and down (265k) 1.55x as fast as the planar default, but its
+# q+k+v (64.5k) and o (50k) 0.89x and 0.90x: too few super-blocks a lane to hide a load's latency.
+ROWS_FROM = 1 << 17
 
 # Per type: the planes as (start, end) byte ranges within one block, and each plane's element dtype.
 _FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, torch.dtype], ...]] = {
@@ -120,11 +127,14 @@ def pack_quant_weight(
 ) -> PackedQuantWeight:
     """Split raw GGUF bytes of an (n, k) weight into the planes the matvec kernels read.
 
-    `layout` matters for Q4_K only: "blocks", "planar" or "rows" (default: STRATA_Q4K_LAYOUT)."""
+    `layout` matters for Q4_K only: "blocks", "planar", "rows" or "auto" (rows from ROWS_FROM
+    super-blocks, planar below; default: STRATA_Q4K_LAYOUT)."""
     check_weight_bytes(w_bytes, qtype, n, k)
     layout = layout or env.q4k_layout()
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "auto":
+        layout = "rows" if n * (k // 256) >= ROWS_FROM else "planar"
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = w_bytes.reshape(n, k // block_size, type_size)
     if qtype == _T.Q4_K and layout == "planar":

@@ -353,6 +353,7 @@ def _stackable(a: QuantLinear, b: QuantLinear) -> bool:
         and b.pad is None
         and a.qtype == b.qtype
         and a.in_features == b.in_features
+        and a.packed.layout == b.packed.layout  # under STRATA_Q4K_LAYOUT=auto, by each part's size
     )
 
 
