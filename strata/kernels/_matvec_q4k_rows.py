@@ -51,7 +51,8 @@ def rows_config(n: int, k: int, rows: int, num_sms: int) -> RowsConfig:
     (gate+up: 1,184 warps a split) and 32 (down: 112); this rule picks each of them."""
     warps = rows // 32
     per_split = -(-n // rows) * warps
-    cap = min(32, 1 << max(0, (-(-k // 512) - 1).bit_length()))  # ceil(super-blocks / 2), to a power of 2
+    pairs = -(-k // 512)  # super-blocks in twos, rounded up
+    cap = min(32, 1 << (pairs - 1).bit_length())  # that, rounded up to a power of two
     split = 1
     while split < cap and per_split * split < 16 * num_sms:
         split *= 2

@@ -31,8 +31,9 @@ from strata import env
 
 _T = GGMLQuantizationType
 LAYOUTS = ("blocks", "planar", "rows", "auto")
-# Rows per group of the "rows" layout (a guess until benchmarks/gpu_q4k_rows.py has timed the groups
-# on a GPU; the kernels take it as a constant).
+# Rows per group of the "rows" layout (the kernels take it as a constant). In the H100 sweep
+# (RESULTS.md, thirteenth session) 32 ran the decode matvec 0-5 % faster; the matmul and the
+# dequantizer that also read this layout were not timed at 32, so it stays.
 ROWS = 64
 # "auto": the super-blocks (n * k / 256) from which a Q4_K weight takes the "rows" layout. On an H100
 # (benchmarks/gpu_q4k_rows.py, RESULTS.md thirteenth session) its kernel at its best launch ran the
