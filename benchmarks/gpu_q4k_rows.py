@@ -1,7 +1,7 @@
 """Q4_K decode matvecs on int8 x (M rows, default 1): the row-interleaved kernel (`_matvec_q4k_rows`,
 the "rows" layout) against the planar int8 kernel's default tile, side by side, inside CUDA graphs,
-on the 7B's and 1.5B's Q4_K decode shapes; with --types Q6_K, the Q6_K prototype
-(`_matvec_q6k_rows`) against Q6_K's int8 kernel at its default tile.
+on the 7B's and 1.5B's Q4_K decode shapes; with --types Q6_K, Q6_K's rows kernel
+(`_matvec_q6k_rows`, STRATA_Q6K_LAYOUT=rows) against Q6_K's int8 kernel at its default tile.
 
     python benchmarks/gpu_q4k_rows.py [--models 7b,1.5b] [--types Q4_K,Q6_K] [--m 1] [--calls 40] [--rounds 3]
     python benchmarks/gpu_q4k_rows.py --smoke     # the script itself, in Triton's interpreter
@@ -37,10 +37,10 @@ from gpu_kernels import random_weight  # noqa: E402
 from gpu_matvec_graph import graph_call_us, sweep_setup  # noqa: E402
 
 from strata.kernels._matvec_q4k_rows import RowsConfig, q4_k_rows_int8_matvec, rows_config  # noqa: E402
-from strata.kernels._matvec_q6k_rows import Q6KRowsConfig, interleave_q6k_rows, q6_k_rows_int8_matvec  # noqa: E402
+from strata.kernels._matvec_q6k_rows import Q6KRowsConfig, q6_k_rows_int8_matvec, q6k_rows_config  # noqa: E402
 from strata.kernels.int8_inputs import quantize_x  # noqa: E402
 from strata.kernels.quant_matvec import default_config, quant_matvec  # noqa: E402
-from strata.kernels.quant_pack import ROWS, interleave_rows, pack_quant_weight  # noqa: E402
+from strata.kernels.quant_pack import ROWS, interleave_q6k_rows, interleave_rows, pack_quant_weight  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
 
 T = GGMLQuantizationType
@@ -83,7 +83,7 @@ def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
 
 
 def q6k_candidates(n: int, smoke: bool) -> list[Q6KRowsConfig]:
-    """The Q6_K prototype: rows 32/64/128, splits 1, 2, 4 (and 8-32 below 8,192 rows), with and without
+    """Q6_K's rows kernel: rows 32/64/128, splits 1, 2, 4 (and 8-32 below 8,192 rows), with and without
     the next half's quants prefetched."""
     if smoke:
         return [Q6KRowsConfig(32, 1), Q6KRowsConfig(32, 2, True)]
@@ -111,7 +111,10 @@ def sweep(model: str, name: str, qtype: T, n: int, k: int, args: argparse.Namesp
     copies = 1 if args.smoke else max(1, min(args.calls, math.ceil(240e6 / raw.numel())))
     planar = qtype == Q4_K  # x's order: Q4_K's planar nibbles, else element order
     layout = "planar" if planar else None
-    packed = [pack_quant_weight(raw.clone() if i else raw, qtype, n, k, layout) for i in range(copies)]
+    packed = [
+        pack_quant_weight(raw.clone() if i else raw, qtype, n, k, layout, q6k_layout="blocks")
+        for i in range(copies)
+    ]
     x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
     ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T
     xq = quantize_x(x, planar=planar)
@@ -129,17 +132,19 @@ def sweep(model: str, name: str, qtype: T, n: int, k: int, args: argparse.Namesp
     by_rows: dict[int, list[tuple[torch.Tensor, ...]]] = {}
     failures = 0
     sms = 132 if args.smoke else torch.cuda.get_device_properties(device).multi_processor_count
+    default: RowsConfig | Q6KRowsConfig
     if planar:
         default = rows_config(n, k, ROWS, sms)  # what STRATA_Q4K_LAYOUT=rows launches
         configs: list[RowsConfig | Q6KRowsConfig] = [*candidates(n, k, args.smoke), default]
     else:
-        default, configs = None, [*q6k_candidates(n, args.smoke)]
+        default = q6k_rows_config(n, k, ROWS, sms)  # what STRATA_Q6K_LAYOUT=rows launches
+        configs = [*q6k_candidates(n, args.smoke), default]
     for cfg in configs:
         rows, split = cfg.rows, cfg.split_k
         label = f"rows {rows} split {split}" + " prefetch" * cfg.prefetch
         if isinstance(cfg, RowsConfig):
             label += f" step {cfg.step} warps {cfg.num_warps}" + " xvec" * cfg.xvec + " stream" * cfg.stream
-            label += " (rows_config)" * (cfg == default)
+        label += " (rows_config)" * (cfg == default)
         planes = by_rows.setdefault(rows, [kernel_planes(qtype, w.planes, rows) for w in packed])
         ws = (
             torch.zeros(split, args.m, n, device=device),
@@ -195,8 +200,8 @@ def main() -> int:
     p.add_argument("--models", default="7b,1.5b")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--m", type=int, default=1, help="x rows (decode sequences), 1 to 16 (Q4_K; Q6_K: 1)")
-    p.add_argument("--types", default="Q4_K", help="Q4_K, Q6_K (the prototype) or both: Q4_K,Q6_K")
+    p.add_argument("--m", type=int, default=1, help="x rows (decode sequences), 1 to 16")
+    p.add_argument("--types", default="Q4_K", help="Q4_K, Q6_K or both: Q4_K,Q6_K")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args()
     _, gen, ceiling, shapes = sweep_setup(args, SHAPES, SMOKE_SHAPES)
@@ -205,8 +210,6 @@ def main() -> int:
     for model, name, qtype, n, k in shapes:
         if qtype.name not in types and not args.smoke:
             continue
-        if qtype == Q6_K and args.m != 1:
-            raise SystemExit("--m: the Q6_K prototype takes one x row")
         row, failed = sweep(model, name, qtype, n, k, args, gen)
         failures += failed
         if row is not None:

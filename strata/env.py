@@ -50,6 +50,17 @@ def q4k_layout() -> str:
     return value
 
 
+def q6k_layout() -> str:
+    """STRATA_Q6K_LAYOUT: how Q6_K weights are packed for the GPU kernels, "blocks" (the default: the
+    planes of `quant_pack`) or "rows" (opt-in: those planes regrouped by 64 rows for the int8 decode
+    matvec of `kernels._matvec_q6k_rows`, whose warps take 32 rows of one half super-block; the other
+    paths read it through `_bits.row_at`)."""
+    value = os.environ.get("STRATA_Q6K_LAYOUT", "") or "blocks"
+    if value not in ("blocks", "rows"):
+        raise ValueError(f"STRATA_Q6K_LAYOUT={value!r} is not a layout; set blocks or rows, or unset it")
+    return value
+
+
 def kernel_row_limits() -> tuple[int, int]:
     """STRATA_MATVEC_ROWS (default 4, at most 16) and STRATA_DENSE_ROWS (default 64): on the GPU
     kernel path, up to MATVEC_ROWS activation rows go through the fused matvec, fewer than DENSE_ROWS

@@ -10,6 +10,7 @@ from typing import Any
 # strata arm options that set its environment knobs (strata/env.py).
 ENV_OPTIONS = {
     "q4k_layout": "STRATA_Q4K_LAYOUT",
+    "q6k_layout": "STRATA_Q6K_LAYOUT",
     "matvec_rows": "STRATA_MATVEC_ROWS",
     "dense_rows": "STRATA_DENSE_ROWS",
     "int8_x": "STRATA_INT8_X",  # types joined by "+", e.g. int8_x=Q4_K+Q6_K

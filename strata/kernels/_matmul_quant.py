@@ -39,12 +39,16 @@ IQ4_XS: tl.constexpr = tl.constexpr(23)
 Q4_K_PLANAR: tl.constexpr = tl.constexpr(112)
 # Not a GGML id either: Q4_K in quant_pack's "rows" layout (the planar planes regrouped by ROWS rows).
 Q4_K_ROWS: tl.constexpr = tl.constexpr(113)
+# And Q6_K in its "rows" layout (its four planes regrouped by ROWS rows).
+Q6_K_ROWS: tl.constexpr = tl.constexpr(114)
 ROWS_GROUP: tl.constexpr = tl.constexpr(ROWS)
 
 
 def kernel_type(qtype: int, layout: str) -> int:
     """The QTYPE the kernels branch on for a packed weight of this GGML type and layout."""
-    return {"planar": Q4_K_PLANAR.value, "rows": Q4_K_ROWS.value}.get(layout, qtype)
+    if layout == "rows":
+        return Q6_K_ROWS.value if qtype == Q6_K.value else Q4_K_ROWS.value
+    return Q4_K_PLANAR.value if layout == "planar" else qtype
 
 
 @triton.jit
@@ -92,10 +96,11 @@ def _group_scales(QTYPE: tl.constexpr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s
         dmin = tl.load(p3_ptr + row_at(r3, b2 + 1, s3, R, 2, 2)).to(tl.float32)
         mul = d * exact_float(tl.load(p1_ptr + row_at(r3, t3 // 2, s1, R, 8, 16)).to(tl.int32), 0)
         sub = dmin * exact_float(tl.load(p2_ptr + row_at(r3, t3 // 2, s2, R, 8, 16)).to(tl.int32), 0)
-    elif QTYPE == Q6_K:
+    elif QTYPE == Q6_K or QTYPE == Q6_K_ROWS:  # noqa: SIM109 (constexpr comparisons)
         # The int8 scale of group t times the super-block's d.
-        d = tl.load(p3_ptr + r3 * s3 + t3 // 16).to(tl.float32)
-        mul = d * tl.load(p2_ptr + r3 * s2 + t3).to(tl.float32)
+        R: tl.constexpr = ROWS_GROUP if QTYPE == Q6_K_ROWS else 0
+        d = tl.load(p3_ptr + row_at(r3, t3 // 16, s3, R, 1, 1)).to(tl.float32)
+        mul = d * tl.load(p2_ptr + row_at(r3, t3, s2, R, 8, 8)).to(tl.float32)
         sub = mul
     else:
         # The fp16 d of block t // 2 (the last plane: p2 for Q5_0, p1 for Q8_0 and Q4_0).
@@ -170,11 +175,13 @@ def _group_quants(QTYPE: tl.constexpr, p0_ptr, p1_ptr, r3, t3, i3, s0, s1):
         # Q6_K, half g = t // 8 of a super-block: element 32s + i (s = 0..3) takes its low 4 bits from
         # ql byte 64g + 32(s % 2) + i (low nibble for s < 2) and its high 2 bits from bits 2s, 2s + 1
         # of qh byte 32g + i.
+        # (Q6_K_ROWS: the same bytes through `row_at`.)
+        R: tl.constexpr = ROWS_GROUP if QTYPE == Q6_K_ROWS else 0
         g = t3 // 8
         s = (t3 % 8) // 2
         i = (t3 % 2) * 16 + i3
-        ql = tl.load(p0_ptr + r3 * s0 + g * 64 + (s % 2) * 32 + i).to(tl.int32)
-        qh = tl.load(p1_ptr + r3 * s1 + g * 32 + i).to(tl.int32)
+        ql = tl.load(p0_ptr + row_at(r3, g * 64 + (s % 2) * 32 + i, s0, R, 16, 16)).to(tl.int32)
+        qh = tl.load(p1_ptr + row_at(r3, g * 32 + i, s1, R, 16, 16)).to(tl.int32)
         w = exact_float(((ql >> (4 * (s // 2))) & 15) | (((qh >> (2 * s)) & 3) << 4), 32)
     return w
 

@@ -10,7 +10,7 @@ Q4_K's planar layout has its own kernel, in `_matvec_q4k_planar`.
 import triton
 import triton.language as tl
 
-from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
+from strata.kernels._bits import add_to_row, exact_float, row_at, split_range, store_rows
 from strata.kernels.pdl import await_inputs
 from strata.kernels.x_loads import load_x, row_inverse_rms
 
@@ -92,10 +92,11 @@ def q6_k_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     up_ptr=None, GATED: tl.constexpr = False,
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
 ):  # fmt: skip
     """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x; with NORMED (M = 1)
-    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`)."""
+    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`). ROWS: the planes are quant_pack's
+    Q6_K "rows" layout with ROWS rows a group (the strides a group's), read through `row_at`."""
     await_inputs(PDL)
     inv_rms = row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H)
     # Work goes in halves of a super-block (128 elements): half g has ql bytes 64g..64g+63, qh bytes
@@ -114,26 +115,22 @@ def q6_k_matvec_kernel(
         g = g0 + ih  # (NH,)
         gm = g < hi
         m3 = gm[None, :, None]
-        ql_at = ql_ptr + rc[:, None, None] * stride_ql + g[None, :, None] * 64 + ij[None, None, :]
-        ql_a = tl.load(ql_at, mask=m3, other=0).to(tl.int32)  # (BLOCK_N, NH, 32)
-        ql_b = tl.load(ql_at + 32, mask=m3, other=0).to(tl.int32)
-        qh = tl.load(
-            qh_ptr + rc[:, None, None] * stride_qh + g[None, :, None] * 32 + ij[None, None, :],
-            mask=m3,
-            other=0,
-        ).to(tl.int32)
-        d = tl.load(d_ptr + rc[:, None] * stride_d + (g // 2)[None, :], mask=gm[None, :], other=0)
+        r3 = rc[:, None, None]
+        col = g[None, :, None] * 64 + ij[None, None, :]
+        ql_a = tl.load(ql_ptr + row_at(r3, col, stride_ql, ROWS, 16, 16), mask=m3, other=0).to(tl.int32)
+        ql_b = tl.load(ql_ptr + row_at(r3, col + 32, stride_ql, ROWS, 16, 16), mask=m3, other=0).to(tl.int32)
+        qh_at = qh_ptr + row_at(r3, g[None, :, None] * 32 + ij[None, None, :], stride_qh, ROWS, 16, 16)
+        qh = tl.load(qh_at, mask=m3, other=0).to(tl.int32)  # (BLOCK_N, NH, 32), like ql's
+        d_at = d_ptr + row_at(rc[:, None], (g // 2)[None, :], stride_d, ROWS, 1, 1)
+        d = tl.load(d_at, mask=gm[None, :], other=0)
         d = d.to(tl.float32)[:, :, None]  # (BLOCK_N, NH, 1)
         for s in tl.static_range(4):
             low = ql_a if s % 2 == 0 else ql_b
             low = low & 15 if s < 2 else low >> 4
             w = exact_float(low | (((qh >> (2 * s)) & 3) << 4), 32)
             w = tl.reshape(w, (BLOCK_N, NH, 2, 16))
-            sc = tl.load(
-                sc_ptr + rc[:, None, None] * stride_sc + g[None, :, None] * 8 + 2 * s + it[None, None, :],
-                mask=m3,
-                other=0,
-            )
+            sc_col = g[None, :, None] * 8 + 2 * s + it[None, None, :]
+            sc = tl.load(sc_ptr + row_at(r3, sc_col, stride_sc, ROWS, 8, 8), mask=m3, other=0)
             scale = d * sc.to(tl.float32)  # (BLOCK_N, NH, 2)
             x_off = g[:, None, None] * 128 + 32 * s + it[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
             for m in tl.static_range(M):

@@ -1,12 +1,14 @@
-"""Q6_K matvec on int8 x over planes regrouped by rows (a prototype for the sweep; no layout uses it).
+"""Q6_K matvec on int8 x over planes regrouped by rows: a warp's lanes take 32 rows of one half.
 
-The Q6_K counterpart of `_matvec_q4k_rows`: `interleave_q6k_rows` regroups Q6_K's packed planes (ql,
-qh, scales, d; quant_pack) by R rows, so that each 16-byte unit of a half super-block's quants of R
-rows lies side by side. A lane takes one row and a whole 128-element half: 4 loads of ql, 2 of qh,
-its 8 scales in one 8-byte load and d; x's words and scales dx are one address across the warp's
-lanes. The weights are the Q6_K int8 kernel's (`_matvec_q6k_int8`: four 6-bit values a word, minus
-32 per byte without borrows) and so are the products per 16 elements, d * scale * dx * dot; they
-are summed in another order.
+The Q6_K counterpart of `_matvec_q4k_rows`: quant_pack's Q6_K "rows" layout (`interleave_q6k_rows`)
+regroups Q6_K's planes (ql, qh, scales, d) by R rows, so that each 16-byte unit of a half
+super-block's quants of R rows lies side by side. A lane takes one row and a whole 128-element half:
+4 loads of ql, 2 of qh, its 8 scales in one 8-byte load and d; x's words and scales dx are one
+address across the warp's lanes (a broadcast). The weights are the Q6_K int8 kernel's
+(`_matvec_q6k_int8`: four 6-bit values a word, minus 32 per byte without borrows) and so are the
+products per 16 elements, d * scale * dx * dot; they are summed in another order. On an H100
+(benchmarks/gpu_q4k_rows.py, RESULTS.md fourteenth session) it ran the 7B's v, down and output head
+1.43x, 1.55x and 1.41x as fast as that kernel at its default tiles (98 % of copy bandwidth on the head).
 """
 
 from dataclasses import dataclass
@@ -18,30 +20,32 @@ import triton.language as tl
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dp4a
 from strata.kernels.pdl import await_inputs, launch_args
-from strata.kernels.quant_pack import regroup_rows
-
-
-def interleave_q6k_rows(planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
-    """Q6_K's packed planes (ql, qh uint8, scales int8, d fp16) regrouped by `rows` rows, each (G, ...)
-    for G = ceil(n / rows): ql and qh in 16-byte units, the scales in 8-byte units (one half
-    super-block's), d one a row and super-block. The same bytes, moved; rows past n are zero."""
-    ql, qh, sc, d = planes
-    return (
-        regroup_rows(ql, rows, 16),
-        regroup_rows(qh, rows, 16),
-        regroup_rows(sc, rows, 8),
-        regroup_rows(d, rows, 1),
-    )
+from strata.kernels.quant_pack import ROWS
 
 
 @dataclass(frozen=True)
 class Q6KRowsConfig:
-    """`rows` per group, K split `split_k` ways (in halves of super-blocks), a warp per 32 rows,
-    `prefetch`: the next half's quants loaded before this one's products."""
+    """`rows` per group (the layout's grouping), K split `split_k` ways (in halves of super-blocks), a
+    warp per 32 rows, `prefetch`: the next half's quants loaded before this one's products."""
 
-    rows: int = 64
+    rows: int = ROWS
     split_k: int = 1
     prefetch: bool = False
+
+
+def q6k_rows_config(n: int, k: int, rows: int, num_sms: int) -> Q6KRowsConfig:
+    """The launch for an (n, k) Q6_K weight regrouped by `rows` rows: K split (in powers of two) until
+    about 16 warps per SM are launched, at most 32 ways and at most one a half; prefetch only
+    unsplit. From the H100 sweep (RESULTS.md, fourteenth session) at 64 rows: the 7B's v (8 groups)
+    and down (56) ran best split 32 (3.59 and 24.38 us; 16: 4.42 and 24.81), its output head (2,376
+    groups) unsplit with prefetch (151.8 us; without 157.9 at 32 rows); this rule picks each."""
+    per_split = -(-n // rows) * (rows // 32)
+    halves = k // 128
+    cap = min(32, 1 << (halves - 1).bit_length())
+    split = 1
+    while split < cap and per_split * split < 16 * num_sms:
+        split *= 2
+    return Q6KRowsConfig(rows, split, prefetch=split == 1)
 
 
 @triton.jit
@@ -50,8 +54,10 @@ def q6_k_rows_int8_matvec_kernel(
     N, K, stride_ys, stride_ym,
     R: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
     PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    M: tl.constexpr = 1, M_PAD: tl.constexpr = 1,
 ):  # fmt: skip
-    """Program (g, split) sums rows g * R .. over its split's halves (128 elements) for one x row."""
+    """Program (g, split) sums rows g * R .. over its split's halves (128 elements) for M rows of x
+    (M_PAD, their next power of two); every x row meets the quants loaded once. ADD: out += y."""
     grp = tl.program_id(0)
     n_half = K // 128
     lo, hi = split_range(n_half, 1, SPLIT_K)
@@ -62,19 +68,34 @@ def q6_k_rows_int8_matvec_kernel(
         d_ptr + grp * (n_half // 2 * R),
     )
     await_inputs(PDL)
-    acc = tl.zeros((R, 2, 2), tl.float32)
+    acc = tl.zeros((R, 2, 2), tl.float32) if M == 1 else tl.zeros((M_PAD, R), tl.float32)
     if PREFETCH:
         following = _quants(planes, lo, R)
         for half in range(lo, hi):
             these = following
             following = _quants(planes, tl.minimum(half + 1, hi - 1), R)
-            acc += _products(*these, xq_ptr, xd_ptr, half, R, USE_ASM)
+            acc = _step(acc, these, xq_ptr, xd_ptr, half, K // 32, R, USE_ASM, M, M_PAD)
     else:
         for half in range(lo, hi):
-            acc += _products(*_quants(planes, half, R), xq_ptr, xd_ptr, half, R, USE_ASM)
+            acc = _step(acc, _quants(planes, half, R), xq_ptr, xd_ptr, half, K // 32, R, USE_ASM, M, M_PAD)
+    sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else acc
     rows = grp * R + tl.arange(0, R)
-    store_rows(y_ptr, out_ptr, lock_ptr, tl.sum(tl.sum(acc, 2), 1)[None, :], rows, N, stride_ys, stride_ym,
-               1, 1, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+    store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym,
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+
+
+@triton.jit
+def _step(acc, quants, xq_ptr, xd_ptr, half, n_sub, R: tl.constexpr, USE_ASM: tl.constexpr, M: tl.constexpr,
+          M_PAD: tl.constexpr):  # fmt: skip
+    """acc plus one half's products with each row of x: (R, 2, 2) for one row, else (M_PAD, R), row
+    m's added through a select (x row m's words start n_sub * 8 words on, its scales n_sub on)."""
+    if M == 1:
+        acc += _products(*quants, xq_ptr, xd_ptr, half, R, USE_ASM)
+    else:
+        for m in tl.static_range(M):
+            part = _products(*quants, xq_ptr + m * n_sub * 8, xd_ptr + m * n_sub, half, R, USE_ASM)
+            acc += tl.where(tl.arange(0, M_PAD)[:, None] == m, tl.sum(tl.sum(part, 2), 1)[None, :], 0.0)
+    return acc
 
 
 @triton.jit
@@ -134,21 +155,26 @@ def q6_k_rows_int8_matvec(
     out: torch.Tensor,
     config: Q6KRowsConfig,
     *,
+    bias: torch.Tensor | None = None,
+    accumulate: bool = False,
     use_asm: bool = True,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """out (1, n) = x @ W^T for one x row quantized by `int8_inputs.quantize_x(x, planar=False)` (xq,
-    xd; element order) and W's Q6_K planes as `interleave_q6k_rows(planes, config.rows)` makes them.
-    Under split-K, `workspace` is (fp32 partials (split_k, 1, n), zeroed int32 counters)."""
+    """out (M, n) = x @ W^T (+ bias; with `accumulate`, added to out) for M rows of x quantized by
+    `int8_inputs.quantize_x(x, planar=False)` (xq, xd; element order) and W's Q6_K planes as
+    `quant_pack.interleave_q6k_rows(planes, config.rows)` makes them. Under split-K, `workspace` is
+    (fp32 partials (split_k, M, n), int32 counters of at least ceil(n / rows), zero)."""
     c = config
+    m = xq.shape[0]
     if c.split_k > 1 and workspace is None:
-        raise ValueError("split_k > 1 needs workspace=(partials (split_k, 1, n) fp32, zeroed int32 counters)")
+        raise ValueError("split_k > 1 needs workspace=(partials (split_k, M, n) fp32, zeroed int32 counters)")
     ql, qh, sc, d = planes
     y, locks = workspace if workspace is not None else (out, out)
     q6_k_rows_int8_matvec_kernel[(triton.cdiv(n, c.rows), c.split_k)](
-        xq, xd, y, out, locks, out, ql.view(torch.int32), qh.view(torch.int32), sc, d, n, k,
-        y.stride(0) if c.split_k > 1 else 0, out.stride(0),
-        R=c.rows, SPLIT_K=c.split_k, HAS_BIAS=False, USE_ASM=use_asm, PREFETCH=c.prefetch,
-        num_warps=c.rows // 32, **launch_args(out.device),
+        xq, xd, y, out, locks, out if bias is None else bias, ql.view(torch.int32), qh.view(torch.int32),
+        sc, d, n, k, y.stride(0) if c.split_k > 1 else 0, out.stride(0),
+        R=c.rows, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm, PREFETCH=c.prefetch,
+        ADD=accumulate, M=m, M_PAD=triton.next_power_of_2(m), num_warps=c.rows // 32,
+        **launch_args(out.device),
     )  # fmt: skip
     return out

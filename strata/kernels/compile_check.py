@@ -232,15 +232,16 @@ def norm_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
 
 def q6k_rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
-    """The Q6_K prototype over rows (`_matvec_q6k_rows`), split and not, with prefetch and without; in
-    NO_BARRIERS."""
+    """Q6_K's rows kernel (`_matvec_q6k_rows`), split and not, with prefetch and without, one x row and
+    four; in NO_BARRIERS."""
     from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec_kernel
 
     pointers = {"ql_ptr": "*i32", "qh_ptr": "*i32", "sc_ptr": "*i8", "d_ptr": "*fp16"}
     out: list[tuple[str, object, dict[str, Any], dict[str, str]]] = []
-    for rows, split, ahead in ((64, 1, False), (128, 4, True)):
-        consts = dict(R=rows, SPLIT_K=split, HAS_BIAS=False, USE_ASM=True, PREFETCH=ahead, PDL=True)
-        name = f"{NO_BARRIERS[1]} R={rows} split={split} prefetch={ahead}"
+    for rows, split, ahead, m in ((64, 1, True, 1), (64, 32, False, 1), (64, 8, False, 4)):
+        consts = dict(R=rows, SPLIT_K=split, HAS_BIAS=False, USE_ASM=True, PREFETCH=ahead, PDL=True, M=m,
+                      M_PAD=m)  # fmt: skip
+        name = f"{NO_BARRIERS[1]} R={rows} split={split} prefetch={ahead} M={m}"
         out.append((name, q6_k_rows_int8_matvec_kernel, dict(consts, NUM_WARPS=rows // 32), pointers))
     return out
 
@@ -344,7 +345,7 @@ def check_pdl(ptx: str, level: int) -> None:
 
 # Variants whose name starts so must compile without a barrier in a loop (the row-interleaved matvecs
 # were written for that, in both Triton versions they met: 3.6 and 3.9).
-NO_BARRIERS = ("Q4_K rows int8", "Q6_K rows prototype")
+NO_BARRIERS = ("Q4_K rows int8", "Q6_K rows int8")
 
 
 def main() -> int:

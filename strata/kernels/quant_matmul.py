@@ -105,7 +105,7 @@ def _splits(m: int, n: int, k: int, cfg: MatmulConfig) -> int:
 
 def _kernel_args(w: PackedQuantWeight) -> tuple[list[torch.Tensor], list[int]]:
     """The kernel's four plane pointers and strides; unused ones repeat the first plane."""
-    if w.layout == "rows":
+    if w.planar and w.layout == "rows":
         return rows_planes(w)
     planes = list(w.planes)
     if w.qtype in (_T.IQ4_XS, _T.IQ2_XS, _T.IQ2_S):

@@ -29,6 +29,7 @@ from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
 from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
 from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec, rows_config
 from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
+from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec, q6k_rows_config
 from strata.kernels.activation import gated_act
 from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x, use_asm
 from strata.kernels.pdl import launch_args
@@ -166,7 +167,7 @@ def default_config(
 
 
 def _kernel_args(w: PackedQuantWeight, paired_dm: bool = False) -> tuple[list[torch.Tensor], list[int]]:
-    if w.layout == "rows":
+    if w.planar and w.layout == "rows":
         return rows_planes(w, paired_dm)
     if w.layout == "planar":
         # The int32 view of qs: one 16-byte load is one sub-block; with paired_dm, of dm too (d, dmin).
@@ -319,9 +320,17 @@ def quant_matvec(
             f"MatvecConfig.paired_dm is implemented in Q4_K's planar kernels only, not {qtype.name} "
             f"({packed.layout}): leave it off, or use STRATA_Q4K_LAYOUT=planar"
         )
+    rows_q6k = qtype == _T.Q6_K and packed.layout == "rows"
+    if rows_q6k and int8_x and config is not None:
+        raise ValueError(
+            "Q6_K's rows layout multiplies int8 x with its own kernel and launch (q6k_rows_config): "
+            "pass config=None, or pack the weight with q6k_layout='blocks' to launch with a MatvecConfig"
+        )
     if planar:
         extra["PREFETCH"] = cfg.prefetch
         extra["PAIRED_DM"] = cfg.paired_dm
+        extra["ROWS"] = packed.rows_group
+    elif qtype == _T.Q6_K and not int8_x:
         extra["ROWS"] = packed.rows_group
     elif flat_q5_0:
         extra["FLAT_ACC"] = cfg.flat_acc
@@ -418,18 +427,29 @@ def _rows_matvec(
     accumulate: bool,
     num_sms: int,
 ) -> None:
-    """x's rows quantized (planar order) times w in the "rows" layout, into out, by `_matvec_q4k_rows`."""
-    cfg = rows_config(w.n, w.k, w.rows_group, num_sms)
-    workspace = None
-    if cfg.split_k > 1:  # partials with out's row stride (the kernel addresses both alike)
-        partials = torch.empty(
-            cfg.split_k, out.shape[0], out.stride(0), dtype=torch.float32, device=out.device
-        )
-        workspace = (partials, split_locks(out.device, triton.cdiv(w.n, w.rows_group)))
-    q4_k_rows_int8_matvec(
-        *xq, w.planes, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=use_asm(xq[0]),
-        workspace=workspace,
-    )  # fmt: skip
+    """x's rows quantized (Q4_K: planar order; Q6_K: element order) times w in the "rows" layout, into
+    out, by `_matvec_q4k_rows` or `_matvec_q6k_rows`."""
+
+    def workspace(split_k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if split_k == 1:
+            return None
+        # partials with out's row stride (the kernel addresses both alike)
+        partials = torch.empty(split_k, out.shape[0], out.stride(0), dtype=torch.float32, device=out.device)
+        return partials, split_locks(out.device, triton.cdiv(w.n, w.rows_group))
+
+    asm = use_asm(xq[0])
+    if w.planar:
+        cfg = rows_config(w.n, w.k, w.rows_group, num_sms)
+        q4_k_rows_int8_matvec(
+            *xq, w.planes, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=asm,
+            workspace=workspace(cfg.split_k),
+        )  # fmt: skip
+    else:
+        cfg6 = q6k_rows_config(w.n, w.k, w.rows_group, num_sms)
+        q6_k_rows_int8_matvec(
+            xq[0], xq[1], w.planes, w.n, w.k, out, cfg6, bias=bias, accumulate=accumulate, use_asm=asm,
+            workspace=workspace(cfg6.split_k),
+        )  # fmt: skip
 
 
 def _int8_matvec(

@@ -18,6 +18,10 @@ planar layout regrouped by ROWS rows (`interleave_rows`) for the int8 decode mat
 `_bits.row_at`. "auto" packs each Q4_K weight as "rows" where it is large enough for that kernel
 to gain (ROWS_FROM super-blocks) and as "planar" below. STRATA_Q4K_LAYOUT picks the layout that
 layers are packed in.
+
+Q6_K has a "rows" layout too (STRATA_Q6K_LAYOUT): its four planes (ql, qh, scales, d) regrouped by
+ROWS rows (`interleave_q6k_rows`) for the int8 decode matvec of `_matvec_q6k_rows`; the other Q6_K
+kernels read it through `_bits.row_at`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from strata import env
 
 _T = GGMLQuantizationType
 LAYOUTS = ("blocks", "planar", "rows", "auto")
+Q6K_LAYOUTS = ("blocks", "rows")
 # Rows per group of the "rows" layout (the kernels take it as a constant). In the H100 sweep
 # (RESULTS.md, thirteenth session) 32 ran the decode matvec 0-5 % faster; the matmul and the
 # dequantizer that also read this layout were not timed at 32, so it stays.
@@ -83,16 +88,16 @@ class PackedQuantWeight:
 
     @property
     def layout(self) -> str:
-        """ "planar" for Q4_K's four-plane layout, "rows" for its regrouping (see the module
-        docstring), else "blocks"."""
+        """ "planar" for Q4_K's four-plane layout, "rows" for Q4_K's or Q6_K's regrouping by rows (see
+        the module docstring), else "blocks"."""
         if self.rows_group:
             return "rows"
         return "planar" if self.qtype == _T.Q4_K and len(self.planes) == 4 else "blocks"
 
     @property
     def planar(self) -> bool:
-        """Whether the planar kernels read it: Q4_K in the "planar" or the "rows" layout."""
-        return self.layout in ("planar", "rows")
+        """Whether Q4_K's planar kernels read it: Q4_K in the "planar" or the "rows" layout."""
+        return self.qtype == _T.Q4_K and self.layout in ("planar", "rows")
 
     @property
     def device(self) -> torch.device:
@@ -124,16 +129,25 @@ def check_weight_bytes(w_bytes: torch.Tensor, qtype: GGMLQuantizationType, n: in
 
 
 def pack_quant_weight(
-    w_bytes: torch.Tensor, qtype: GGMLQuantizationType, n: int, k: int, layout: str | None = None
+    w_bytes: torch.Tensor,
+    qtype: GGMLQuantizationType,
+    n: int,
+    k: int,
+    layout: str | None = None,
+    q6k_layout: str | None = None,
 ) -> PackedQuantWeight:
     """Split raw GGUF bytes of an (n, k) weight into the planes the matvec kernels read.
 
     `layout` matters for Q4_K only: "blocks", "planar", "rows" or "auto" (rows from ROWS_FROM
-    super-blocks, planar below; default: STRATA_Q4K_LAYOUT)."""
+    super-blocks, planar below; default: STRATA_Q4K_LAYOUT). `q6k_layout` for Q6_K only: "blocks" or
+    "rows" (default: STRATA_Q6K_LAYOUT)."""
     check_weight_bytes(w_bytes, qtype, n, k)
     layout = layout or env.q4k_layout()
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    q6k_layout = q6k_layout or env.q6k_layout()
+    if q6k_layout not in Q6K_LAYOUTS:
+        raise ValueError(f"q6k_layout must be one of {Q6K_LAYOUTS}, got {q6k_layout!r}")
     if layout == "auto":
         layout = "rows" if n * (k // 256) >= ROWS_FROM else "planar"
     block_size, type_size = GGML_QUANT_SIZES[qtype]
@@ -149,6 +163,8 @@ def pack_quant_weight(
         if not plane.is_contiguous() or plane.storage_offset() % 16:
             plane = plane.clone(memory_format=torch.contiguous_format)
         planes.append(plane.view(dtype).reshape(n, -1))
+    if qtype == _T.Q6_K and q6k_layout == "rows":
+        return PackedQuantWeight(qtype, n, k, interleave_q6k_rows(tuple(planes), ROWS), ROWS)
     return PackedQuantWeight(qtype, n, k, tuple(planes))
 
 
@@ -214,18 +230,36 @@ def regroup_rows(plane: torch.Tensor, rows: int, unit: int) -> torch.Tensor:
     return units.contiguous().reshape(groups, -1)
 
 
+def ungroup_rows(plane: torch.Tensor, n: int, rows: int, unit: int) -> torch.Tensor:
+    """The (n, c) plane that `regroup_rows(plane, rows, unit)` regrouped (its first n rows)."""
+    groups = plane.shape[0]
+    units = plane.reshape(groups, -1, rows, unit).transpose(1, 2)
+    return units.contiguous().reshape(groups * rows, -1)[:n]
+
+
+# Q6_K's planes (ql, qh uint8, scales int8, d fp16) in the "rows" layout: the units regrouped, in
+# elements of each plane. A 16-byte unit of ql and qh is one lane's load; a half super-block's 8 scales
+# one 8-byte load; d one a row and super-block.
+Q6K_UNITS = (16, 16, 8, 1)
+
+
+def interleave_q6k_rows(planes: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """Q6_K's packed planes (ql, qh, scales, d) regrouped by `rows` rows, each (G, ...) for G =
+    ceil(n / rows), in units of `Q6K_UNITS`. The same bytes, moved; rows past n are zero."""
+    return tuple(regroup_rows(p, rows, u) for p, u in zip(planes, Q6K_UNITS, strict=True))
+
+
+def deinterleave_q6k_rows(planes: tuple[torch.Tensor, ...], n: int, rows: int) -> tuple[torch.Tensor, ...]:
+    """Q6_K's packed planes (ql, qh, scales, d) of the first n rows of `interleave_q6k_rows`."""
+    return tuple(ungroup_rows(p, n, rows, u) for p, u in zip(planes, Q6K_UNITS, strict=True))
+
+
 def deinterleave_rows(planes: tuple[torch.Tensor, ...], n: int, rows: int) -> tuple[torch.Tensor, ...]:
     """The planar planes (qs, sc, mn, dm) of the first n rows of `interleave_rows(planes, rows)`."""
     qs, scm, dm = planes
-
-    def ungroup(plane: torch.Tensor, unit: int) -> torch.Tensor:
-        groups = plane.shape[0]
-        units = plane.reshape(groups, -1, rows, unit).transpose(1, 2)
-        return units.contiguous().reshape(groups * rows, -1)[:n]
-
-    records = ungroup(scm, 16).reshape(n, -1, 16)
+    records = ungroup_rows(scm, n, rows, 16).reshape(n, -1, 16)
     sc, mn = (records[:, :, half].reshape(n, -1).contiguous() for half in (slice(0, 8), slice(8, 16)))
-    return ungroup(qs, 16), sc, mn, ungroup(dm, 2)
+    return ungroup_rows(qs, n, rows, 16), sc, mn, ungroup_rows(dm, n, rows, 2)
 
 
 def rows_planes(w: PackedQuantWeight, paired_dm: bool = False) -> tuple[list[torch.Tensor], list[int]]:

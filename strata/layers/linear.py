@@ -214,12 +214,17 @@ def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
     parts = [x.packed for x in layers if x.packed is not None]
     n = sum(x.out_features for x in layers)
     if parts[0].layout == "rows":  # regrouped again over the stacked rows (a group may span parts)
-        from strata.kernels.quant_pack import deinterleave_rows, interleave_rows
+        from strata.kernels import quant_pack
 
         rows = parts[0].rows_group
-        planar = [deinterleave_rows(p.planes, p.n, rows) for p in parts]
-        stacked = tuple(torch.cat(group) for group in zip(*planar, strict=True))
-        packed = PackedQuantWeight(first.qtype, n, first.in_features, interleave_rows(stacked, rows), rows)
+        split, join = (
+            (quant_pack.deinterleave_rows, quant_pack.interleave_rows)
+            if parts[0].planar
+            else (quant_pack.deinterleave_q6k_rows, quant_pack.interleave_q6k_rows)
+        )
+        ungrouped = [split(p.planes, p.n, rows) for p in parts]
+        stacked = tuple(torch.cat(group) for group in zip(*ungrouped, strict=True))
+        packed = PackedQuantWeight(first.qtype, n, first.in_features, join(stacked, rows), rows)
     else:
         planes = tuple(torch.cat(group) for group in zip(*(p.planes for p in parts), strict=True))
         packed = PackedQuantWeight(first.qtype, n, first.in_features, planes)
