@@ -41,7 +41,7 @@ def q4k_layout() -> str:
     warps take 32 rows of one super-block (`kernels._matvec_q4k_rows`, up to STRATA_MATVEC_ROWS
     sequences); the other paths (fp32 x, the fused matmul, dequantization) read it with the planar
     kernels. "auto" (opt-in) packs the weights large enough for that kernel to gain as "rows" and the
-    rest as "planar" (`quant_pack.ROWS_FROM`)."""
+    rest as "planar" (`quant_pack.ROWS_FROM`, `ROWS_FROM_K`)."""
     value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "planar"
     if value not in ("blocks", "planar", "rows", "auto"):
         raise ValueError(

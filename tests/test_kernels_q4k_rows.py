@@ -221,14 +221,18 @@ def test_rows_config_fills_the_gpu():
 
 
 def test_auto_layout_packs_by_size_and_stacks_only_alike(monkeypatch):
-    from strata.kernels.quant_pack import ROWS_FROM
+    from strata.kernels.quant_pack import ROWS_FROM, ROWS_FROM_K
+
+    def auto(n: int, k: int) -> str:  # shapes only: the bytes are zeros
+        zeros = torch.zeros(n, k // 256 * 144, dtype=torch.uint8)
+        return pack_quant_weight(zeros, T.Q4_K, n, k, "auto").layout
 
     k = k_for(T.Q4_K, 2)
-    small = pack_quant_weight(random_weight(T.Q4_K, 4, k, seed=1), T.Q4_K, 4, k, layout="auto")
-    assert small.layout == "planar"
-    n = ROWS_FROM // (k // 256)  # just large enough (shapes only: the bytes are zeros)
-    big = pack_quant_weight(torch.zeros(n, k // 256 * 144, dtype=torch.uint8), T.Q4_K, n, k, layout="auto")
-    assert big.layout == "rows"
+    assert auto(4, k) == "planar"
+    assert auto(ROWS_FROM // (k // 256), k) == "rows"  # just large enough
+    assert auto(ROWS_FROM // (k // 256) - 1, k) == "planar"
+    assert auto(2, ROWS_FROM_K) == "rows"  # long rows (a down projection's)
+    assert auto(2, ROWS_FROM_K - 256) == "planar"
     # Layers of one input whose parts took different layouts stay apart (stacking would mix planes).
     place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")

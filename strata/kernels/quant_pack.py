@@ -16,8 +16,8 @@ are the same; the planes hold 148 bytes per 256 elements instead of 144. A third
 planar layout regrouped by ROWS rows (`interleave_rows`) for the int8 decode matvec of
 `_matvec_q4k_rows`, whose warps take 32 rows of one sub-block; the other kernels read it through
 `_bits.row_at`. "auto" packs each Q4_K weight as "rows" where it is large enough for that kernel
-to gain (ROWS_FROM super-blocks) and as "planar" below. STRATA_Q4K_LAYOUT picks the layout that
-layers are packed in.
+to gain (ROWS_FROM super-blocks or ROWS_FROM_K columns) and as "planar" otherwise.
+STRATA_Q4K_LAYOUT picks the layout that layers are packed in.
 
 Q6_K has a "rows" layout too (STRATA_Q6K_LAYOUT): its four planes (ql, qh, scales, d) regrouped by
 ROWS rows (`interleave_q6k_rows`) for the int8 decode matvec of `_matvec_q6k_rows`; the other Q6_K
@@ -40,11 +40,14 @@ Q6K_LAYOUTS = ("blocks", "rows")
 # (RESULTS.md, thirteenth session) 32 ran the decode matvec 0-5 % faster; the matmul and the
 # dequantizer that also read this layout were not timed at 32, so it stays.
 ROWS = 64
-# "auto": the super-blocks (n * k / 256) from which a Q4_K weight takes the "rows" layout. On an H100
-# (benchmarks/gpu_q4k_rows.py, RESULTS.md thirteenth session) its kernel at its best launch ran the
-# 7B's gate+up (530k super-blocks) 1.15x and down (265k) 1.55x as fast as the planar default, but its
-# q+k+v (64.5k) and o (50k) 0.89x and 0.90x: too few super-blocks a lane to hide a load's latency.
+# "auto": a Q4_K weight takes the "rows" layout from ROWS_FROM super-blocks (n * k / 256) or from
+# ROWS_FROM_K columns. On an H100 (benchmarks/gpu_q4k_rows.py, RESULTS.md thirteenth and fourteenth
+# sessions) its kernel at its best launch ran the 7B's gate+up (530k super-blocks) 1.15x and down (265k,
+# k 18,944) 1.55x as fast as the planar default, the 1.5B's down (54k, k 8,960) 1.38x and gate+up
+# (107k) 1.02x, but the 7B's q+k+v (64.5k) and o (50k) 0.89x and 0.90x and the 1.5B's 0.52x and
+# 0.74x: short rows leave too few super-blocks a lane to hide a load's latency.
 ROWS_FROM = 1 << 17
+ROWS_FROM_K = 8192
 
 # Per type: the planes as (start, end) byte ranges within one block, and each plane's element dtype.
 _FIELDS: dict[GGMLQuantizationType, tuple[tuple[int, int, torch.dtype], ...]] = {
@@ -139,8 +142,8 @@ def pack_quant_weight(
     """Split raw GGUF bytes of an (n, k) weight into the planes the matvec kernels read.
 
     `layout` matters for Q4_K only: "blocks", "planar", "rows" or "auto" (rows from ROWS_FROM
-    super-blocks, planar below; default: STRATA_Q4K_LAYOUT). `q6k_layout` for Q6_K only: "blocks" or
-    "rows" (default: STRATA_Q6K_LAYOUT)."""
+    super-blocks or ROWS_FROM_K columns, else planar; default: STRATA_Q4K_LAYOUT). `q6k_layout` for
+    Q6_K only: "blocks" or "rows" (default: STRATA_Q6K_LAYOUT)."""
     check_weight_bytes(w_bytes, qtype, n, k)
     layout = layout or env.q4k_layout()
     if layout not in LAYOUTS:
@@ -149,7 +152,7 @@ def pack_quant_weight(
     if q6k_layout not in Q6K_LAYOUTS:
         raise ValueError(f"q6k_layout must be one of {Q6K_LAYOUTS}, got {q6k_layout!r}")
     if layout == "auto":
-        layout = "rows" if n * (k // 256) >= ROWS_FROM else "planar"
+        layout = "rows" if n * (k // 256) >= ROWS_FROM or k >= ROWS_FROM_K else "planar"
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = w_bytes.reshape(n, k // block_size, type_size)
     if qtype == _T.Q4_K and layout == "planar":
