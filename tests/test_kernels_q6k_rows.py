@@ -22,7 +22,6 @@ from strata import env  # noqa: E402
 from strata.kernels._matvec_q6k_rows import Q6KRowsConfig, q6_k_rows_int8_matvec, q6k_rows_config  # noqa: E402
 from strata.kernels.dequant_packed import dequantize_packed  # noqa: E402
 from strata.kernels.int8_inputs import quantize_x, use_asm  # noqa: E402
-from strata.kernels.quant_matmul import MatmulConfig, quant_matmul  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import (  # noqa: E402
     ROWS,
@@ -33,6 +32,7 @@ from strata.kernels.quant_pack import (  # noqa: E402
 from strata.layers.linear import Projections, QuantLinear  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
 from strata.quant import dequantize  # noqa: E402
+from tests.test_kernels_q4k_rows import same_through_matmul_and_dequantization  # noqa: E402
 from tests.test_kernels_quant_matvec import DEVICE, T, cuda_only, k_for, random_weight  # noqa: E402
 
 
@@ -145,16 +145,8 @@ def test_q6k_rows_layout_through_quant_matvec(m: int):
 
 
 def test_q6k_rows_layout_through_the_matmul_and_dequantization():
-    n, k = 100, k_for(T.Q6_K, 2)
-    blocks, rows = layouts(n, k, seed=9)
-    x = torch.randn(20, k, device=DEVICE).bfloat16()
-    cfg = MatmulConfig(16, 32, 64, split_k=2)
-    assert torch.equal(quant_matmul(x, rows, config=cfg), quant_matmul(x, blocks, config=cfg))
-    assert torch.equal(dequantize_packed(rows, torch.float32), dequantize_packed(blocks, torch.float32))
-    ids = torch.tensor([99, 0, 64, 63], device=DEVICE)
-    assert torch.equal(
-        dequantize_packed(rows, torch.bfloat16, rows=ids), dequantize_packed(blocks, torch.bfloat16, rows=ids)
-    )
+    blocks, rows = layouts(100, k_for(T.Q6_K, 2), seed=9)
+    same_through_matmul_and_dequantization(rows, blocks)
 
 
 def test_q6k_rows_layout_on_the_layers(monkeypatch):

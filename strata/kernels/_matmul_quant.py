@@ -98,9 +98,9 @@ def _group_scales(QTYPE: tl.constexpr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t3, s
         sub = dmin * exact_float(tl.load(p2_ptr + row_at(r3, t3 // 2, s2, R, 8, 16)).to(tl.int32), 0)
     elif QTYPE == Q6_K or QTYPE == Q6_K_ROWS:  # noqa: SIM109 (constexpr comparisons)
         # The int8 scale of group t times the super-block's d.
-        R: tl.constexpr = ROWS_GROUP if QTYPE == Q6_K_ROWS else 0
-        d = tl.load(p3_ptr + row_at(r3, t3 // 16, s3, R, 1, 1)).to(tl.float32)
-        mul = d * tl.load(p2_ptr + row_at(r3, t3, s2, R, 8, 8)).to(tl.float32)
+        R6: tl.constexpr = ROWS_GROUP if QTYPE == Q6_K_ROWS else 0
+        d = tl.load(p3_ptr + row_at(r3, t3 // 16, s3, R6, 1, 1)).to(tl.float32)
+        mul = d * tl.load(p2_ptr + row_at(r3, t3, s2, R6, 8, 8)).to(tl.float32)
         sub = mul
     else:
         # The fp16 d of block t // 2 (the last plane: p2 for Q5_0, p1 for Q8_0 and Q4_0).
