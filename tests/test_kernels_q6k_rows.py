@@ -125,7 +125,7 @@ def test_interleave_q6k_rows_moves_bytes_only():
 def test_q6k_rows_layout_through_quant_matvec(m: int):
     # 16-bit x: the rows kernel (its own launch), within fp32 reordering; fp32 x: the fp32 kernel
     # through `row_at`, bit for bit; a MatvecConfig for the int8 kernel is refused with the fix.
-    n, k = 100, k_for(T.Q6_K, 3)
+    n, k = 70, k_for(T.Q6_K, 2)
     blocks, rows = layouts(n, k, seed=m)
     x = torch.randn(m, k, device=DEVICE).bfloat16()
     w = dequantize_packed(blocks, torch.float32)
