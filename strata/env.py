@@ -33,6 +33,11 @@ def triton_on_cpu() -> bool:
     return os.environ.get("STRATA_TRITON_ON_CPU", "") not in ("", "0")
 
 
+# The layouts quant_pack packs Q4_K and Q6_K weights in (its module docstring describes them).
+Q4K_LAYOUTS = ("blocks", "planar", "rows", "auto")
+Q6K_LAYOUTS = ("blocks", "rows")
+
+
 def q4k_layout() -> str:
     """STRATA_Q4K_LAYOUT: how Q4_K weights are packed for the GPU kernels, "blocks" (the GGUF blocks
     as stored), "planar" or "rows" (see strata.kernels.quant_pack); the default is "planar", faster or
@@ -43,7 +48,7 @@ def q4k_layout() -> str:
     kernels. "auto" (opt-in) packs the weights large enough for that kernel to gain as "rows" and the
     rest as "planar" (`quant_pack.ROWS_FROM`, `ROWS_FROM_K`)."""
     value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "planar"
-    if value not in ("blocks", "planar", "rows", "auto"):
+    if value not in Q4K_LAYOUTS:
         raise ValueError(
             f"STRATA_Q4K_LAYOUT={value!r} is not a layout; set blocks, planar, rows or auto, or unset it"
         )
@@ -56,7 +61,7 @@ def q6k_layout() -> str:
     matvec of `kernels._matvec_q6k_rows`, whose warps take 32 rows of one half super-block; the other
     paths read it through `_bits.row_at`)."""
     value = os.environ.get("STRATA_Q6K_LAYOUT", "") or "blocks"
-    if value not in ("blocks", "rows"):
+    if value not in Q6K_LAYOUTS:
         raise ValueError(f"STRATA_Q6K_LAYOUT={value!r} is not a layout; set blocks or rows, or unset it")
     return value
 

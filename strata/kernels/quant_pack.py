@@ -34,8 +34,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from strata import env
 
 _T = GGMLQuantizationType
-LAYOUTS = ("blocks", "planar", "rows", "auto")
-Q6K_LAYOUTS = ("blocks", "rows")
+LAYOUTS, Q6K_LAYOUTS = env.Q4K_LAYOUTS, env.Q6K_LAYOUTS
 # Rows per group of the "rows" layout (the kernels take it as a constant). In the H100 sweep
 # (RESULTS.md, thirteenth session) 32 ran the decode matvec 0-5 % faster; the matmul and the
 # dequantizer that also read this layout were not timed at 32, so it stays.
