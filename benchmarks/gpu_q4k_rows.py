@@ -63,12 +63,14 @@ def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
     """A lane per row, a warp per 32 rows: rows 32/64/128, one super-block a step (two convert every
     step under Triton 3.9), splits 1, 2, 4 (and 8-32 below 8,192 rows), each plain, with the next step's
     weights prefetched, with that and the words past L1, and with that and x's scales in 16-byte
-    loads."""
+    loads. Below 8,192 rows also a lane on half or a quarter of a super-block (`RowsConfig.subs`) at
+    64 rows, split 2-32."""
     if smoke:
         return [
             RowsConfig(32, 1, 1, 1),
             RowsConfig(32, 2, 2, 2, xvec=True),
             RowsConfig(64, 1, 3, 2, True, True, True),
+            RowsConfig(64, 1, 2, 2, subs=4),
         ]
     out = []
     splits = (1, 2, 4, 8, 16, 32) if n < 8192 else (1, 2, 4)
@@ -79,6 +81,10 @@ def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
         if split > 1 and k // 256 // split < step:
             continue
         out.append(RowsConfig(rows, step, split, rows // 32 * step, xvec, prefetch, stream))
+    # A lane on half or a quarter of a super-block: more lanes for the short rows (q+k+v, o).
+    for subs, split in itertools.product((4, 2), splits[1:] if n < 8192 else ()):
+        if k // (32 * subs) // split >= 1:
+            out.append(RowsConfig(64, 1, split, 2, subs=subs))
     return out
 
 
@@ -144,6 +150,7 @@ def sweep(model: str, name: str, qtype: T, n: int, k: int, args: argparse.Namesp
         label = f"rows {rows} split {split}" + " prefetch" * cfg.prefetch
         if isinstance(cfg, RowsConfig):
             label += f" step {cfg.step} warps {cfg.num_warps}" + " xvec" * cfg.xvec + " stream" * cfg.stream
+            label += f" subs {cfg.subs}" * (cfg.subs != 8)
         label += " (rows_config)" * (cfg == default)
         planes = by_rows.setdefault(rows, [kernel_planes(qtype, w.planes, rows) for w in packed])
         ws = (

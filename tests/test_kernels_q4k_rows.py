@@ -37,7 +37,15 @@ from tests.test_kernels_quant_matvec import DEVICE, T, cuda_only, k_for, random_
 
 
 def rows_against_planar(
-    n: int, k: int, rows: int, step: int, split: int, warps: int, xvec: bool = False, prefetch: bool = False
+    n: int,
+    k: int,
+    rows: int,
+    step: int,
+    split: int,
+    warps: int,
+    xvec: bool = False,
+    prefetch: bool = False,
+    subs: int = 8,
 ) -> None:
     raw = random_weight(T.Q4_K, n, k, seed=n * 31 + k + rows)
     packed = pack_quant_weight(raw.to(DEVICE), T.Q4_K, n, k, "planar")
@@ -51,8 +59,9 @@ def rows_against_planar(
         torch.zeros(groups, dtype=torch.int32, device=DEVICE),
     )
     planes = interleave_rows(packed.planes, rows)
+    cfg = RowsConfig(rows, step, split, warps, xvec, prefetch, subs=subs)
     y = q4_k_rows_int8_matvec(
-        *quantize_x(x, planar=True), planes, n, k, out, RowsConfig(rows, step, split, warps, xvec, prefetch),
+        *quantize_x(x, planar=True), planes, n, k, out, cfg,
         use_asm=use_asm(x),
         workspace=workspace if split > 1 else None,
     )  # fmt: skip
@@ -78,6 +87,23 @@ def rows_against_planar(
 @pytest.mark.parametrize("xvec,prefetch", [(False, False), (True, False), (False, True), (True, True)])
 def test_rows_kernel_matches_the_planar_int8_kernel(n, blocks, rows, step, split, warps, xvec, prefetch):
     rows_against_planar(n, k_for(T.Q4_K, blocks), rows, step, split, warps, xvec, prefetch)
+
+
+# A lane on half or a quarter of a super-block (more lanes on short rows): units that start inside a
+# super-block's scale record, steps past K's end (masked) and even ones.
+@pytest.mark.parametrize(
+    "n,blocks,step,split,subs,prefetch",
+    [(37, 3, 1, 1, 4, False), (64, 3, 2, 2, 2, True), (72, 2, 2, 3, 4, True), (33, 3, 4, 1, 2, False)],
+)
+def test_rows_kernel_on_parts_of_super_blocks(n, blocks, step, split, subs, prefetch):
+    rows_against_planar(n, k_for(T.Q4_K, blocks), 32, step, split, step, prefetch=prefetch, subs=subs)
+
+
+@cuda_only
+@pytest.mark.parametrize("n,k", [(4608, 3584), (2048, 1536)])
+@pytest.mark.parametrize("subs,split", [(4, 4), (2, 8)])
+def test_rows_kernel_on_parts_of_super_blocks_cuda(n: int, k: int, subs: int, split: int):
+    rows_against_planar(n, k, 64, 1, split, 2, subs=subs)
 
 
 @cuda_only

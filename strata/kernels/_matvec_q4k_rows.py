@@ -28,9 +28,10 @@ from strata.kernels.quant_pack import ROWS
 @dataclass(frozen=True)
 class RowsConfig:
     """One launch of the row-interleaved kernel: `rows` per group (the layout's grouping), `step`
-    super-blocks a step, K split `split_k` ways, `num_warps` (a warp per 32 rows and super-block of
-    a step), `xvec` (dx and the x sums in 16-byte loads), `prefetch` (the next step's weights loaded
-    before this step computes), `stream` (the weight words loaded past L1)."""
+    units a step, K split `split_k` ways (in units), `num_warps` (a warp per 32 rows and unit of a
+    step), `xvec` (dx and the x sums in 16-byte loads), `prefetch` (the next step's weights loaded
+    before this step computes), `stream` (the weight words loaded past L1), `subs` (the sub-blocks of
+    a unit, which one lane takes: 8, a whole super-block, or 4 or 2, more lanes on short rows)."""
 
     rows: int = ROWS
     step: int = 1
@@ -39,6 +40,7 @@ class RowsConfig:
     xvec: bool = False
     prefetch: bool = False
     stream: bool = False
+    subs: int = 8
 
 
 def rows_config(n: int, k: int, rows: int, num_sms: int) -> RowsConfig:
@@ -66,40 +68,41 @@ def q4_k_rows_int8_matvec_kernel(
     R: tl.constexpr, NB: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     USE_ASM: tl.constexpr, EVEN: tl.constexpr = False, XVEC: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
-    M: tl.constexpr = 1, M_PAD: tl.constexpr = 1, STREAM: tl.constexpr = False,
+    M: tl.constexpr = 1, M_PAD: tl.constexpr = 1, STREAM: tl.constexpr = False, SUBS: tl.constexpr = 8,
 ):  # fmt: skip
-    """Program (g, split) sums rows g * R .. over its split's super-blocks, NB a step, for M rows of x
-    (M_PAD, their next power of two). A lane takes one row and a whole super-block: its 8 sub-blocks'
-    words, their 16 scale bytes in one load, d and dmin in another; every x row meets the words
-    loaded once. EVEN: the steps cover the super-blocks exactly (no masks). XVEC: dx and the x sums
-    in 16-byte loads (`_x`; Triton 3.9 converts them every step, 3.6 does not). NB > 1 also converts
-    under 3.9 (`compile_check` counts the barriers). PREFETCH: each step's weights are loaded before
-    the step before it computes (the last step reloads its own instead of reading past the end).
-    STREAM: the weight words loaded past L1 (`_weights`). The same sums in every variant."""
+    """Program (g, split) sums rows g * R .. over its split's units of SUBS sub-blocks (8: a
+    super-block), NB a step, for M rows of x (M_PAD, their next power of two). A lane takes one row
+    and a whole unit: its sub-blocks' words, their scale and min bytes in one load each, d and dmin in
+    another; every x row meets the words loaded once. EVEN: the steps cover the units exactly (no
+    masks). XVEC: dx and the x sums in 16-byte loads (`_x`; Triton 3.9 converts them every step, 3.6
+    does not). NB > 1 also converts under 3.9 (`compile_check` counts the barriers). PREFETCH: each
+    step's weights are loaded before the step before it computes (the last step reloads its own
+    instead of reading past the end). STREAM: the weight words loaded past L1 (`_weights`). The same
+    sums in every variant."""
     g = tl.program_id(0)
     n_blk = K // 256
-    lo, hi = split_range(n_blk, NB, SPLIT_K)
+    lo, hi = split_range(K // (32 * SUBS), NB, SPLIT_K)
     planes = (qs_ptr + g * (n_blk * 8 * R * 4), scm_ptr + g * (n_blk * R * 16), dm_ptr + g * (n_blk * R))
     x = (xq_ptr, xd_ptr, xs_ptr, K // 32)
     await_inputs(PDL)
-    acc = tl.zeros((R, NB, 8), tl.float32) if M == 1 else tl.zeros((M_PAD, R, NB), tl.float32)
+    acc = tl.zeros((R, NB, SUBS), tl.float32) if M == 1 else tl.zeros((M_PAD, R, NB), tl.float32)
     if PREFETCH:
         b = lo + tl.arange(0, NB)
-        following = _weights(planes, b, b < hi, R, EVEN, STREAM)
+        following = _weights(planes, b, b < hi, R, EVEN, STREAM, SUBS)
         for b0 in range(lo, hi, NB):
             b = b0 + tl.arange(0, NB)
             bv = b < hi
             these = following
             ahead = b + NB
             ahead = tl.where(ahead < hi, ahead, b)  # in range, so that no mask is needed when EVEN
-            following = _weights(planes, ahead, bv, R, EVEN, STREAM)
-            acc = _step(acc, these, x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD)
+            following = _weights(planes, ahead, bv, R, EVEN, STREAM, SUBS)
+            acc = _step(acc, these, x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD, SUBS)
     else:
         for b0 in range(lo, hi, NB):
             b = b0 + tl.arange(0, NB)
             bv = b < hi
-            weights = _weights(planes, b, bv, R, EVEN, STREAM)
-            acc = _step(acc, weights, x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD)
+            weights = _weights(planes, b, bv, R, EVEN, STREAM, SUBS)
+            acc = _step(acc, weights, x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD, SUBS)
     sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else tl.sum(acc, 2)
     rows = g * R + tl.arange(0, R)
     store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym,
@@ -108,38 +111,39 @@ def q4_k_rows_int8_matvec_kernel(
 
 @triton.jit
 def _step(acc, weights, x, b, bv, R: tl.constexpr, EVEN: tl.constexpr, XVEC: tl.constexpr,
-          USE_ASM: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr):  # fmt: skip
-    """acc plus the products of one step's weights with each row of x: (R, NB, 8) per sub-block for
-    one row, else (M_PAD, R, NB) per super-block, row m's added through a select."""
+          USE_ASM: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr, SUBS: tl.constexpr):  # fmt: skip
+    """acc plus the products of one step's weights with each row of x: (R, NB, SUBS) per sub-block
+    for one row, else (M_PAD, R, NB) per unit, row m's added through a select."""
     xq_ptr, xd_ptr, xs_ptr, n_sub = x
     if M == 1:
-        acc += _products(*weights, *_x((xq_ptr, xd_ptr, xs_ptr), b, bv, R, EVEN, XVEC), USE_ASM)
+        acc += _products(*weights, *_x((xq_ptr, xd_ptr, xs_ptr), b, bv, R, EVEN, XVEC, SUBS), USE_ASM)
     else:
         for m in tl.static_range(M):
             xm = (xq_ptr + m * n_sub * 8, xd_ptr + m * n_sub, xs_ptr + m * n_sub)
-            part = tl.sum(_products(*weights, *_x(xm, b, bv, R, EVEN, XVEC), USE_ASM), 2)  # (R, NB)
+            part = tl.sum(_products(*weights, *_x(xm, b, bv, R, EVEN, XVEC, SUBS), USE_ASM), 2)  # (R, NB)
             acc += tl.where(tl.arange(0, M_PAD)[:, None, None] == m, part[None, :, :], 0.0)
     return acc
 
 
 @triton.jit
-def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr, STREAM: tl.constexpr = False):
-    """Super-blocks b (NB,) of the group's R rows: words (R, NB, 8, 4) (`_rows_first`: a lane per row,
-    a super-block's sub-blocks in one lane), (R, NB, 8) sc and mn (8 contiguous bytes a lane), (R, NB,
-    1) the (d, dmin) pair; `bv` masks them unless EVEN; STREAM: the words bypass L1 (`.cg`: read once,
-    they leave L1 to x and the scales). dm's offsets pass through a select, which
-    hides their contiguity along the rows: one word a lane, in the words' lane layout (no conversion;
-    see `_matvec_q4k_planar._loads`)."""
+def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr, STREAM: tl.constexpr = False,
+             SUBS: tl.constexpr = 8):  # fmt: skip
+    """Units b (NB,) of SUBS sub-blocks of the group's R rows: words (R, NB, SUBS, 4) (`_rows_first`: a
+    lane per row, a unit's sub-blocks in one lane), (R, NB, SUBS) sc and mn (contiguous bytes a lane),
+    (R, NB, 1) the (d, dmin) pair of each unit's super-block; `bv` masks them unless EVEN; STREAM: the
+    words bypass L1 (`.cg`: read once, they leave L1 to x and the scales). dm's offsets pass through a
+    select, which hides their contiguity along the rows: one word a lane, in the words' lane layout (no
+    conversion; see `_matvec_q4k_planar._loads`)."""
     qs, scm_ptr, dm_ptr = planes
     r2 = tl.arange(0, R)[:, None]
     r = r2[:, :, None]
-    j = tl.arange(0, 8)[None, None, :]
+    j = tl.arange(0, SUBS)[None, None, :]
     m3 = None if EVEN else bv[None, :, None]
     z = None if EVEN else 0
     words = _rows_first(
         tl.load(
             qs
-            + (b[:, None] * 8 + tl.arange(0, 8)[None, :])[:, :, None] * (R * 4)
+            + (b[:, None] * SUBS + tl.arange(0, SUBS)[None, :])[:, :, None] * (R * 4)
             + tl.arange(0, R * 4)[None, None, :],
             mask=None if EVEN else bv[:, None, None],
             other=z,
@@ -147,35 +151,39 @@ def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr, STREAM: tl.cons
         ),
         R,
     )
-    scm_at = scm_ptr + (b[None, :, None] * R + r) * 16 + j
+    blk = b  # each unit's super-block (whole ones: written as is, so that the scale loads keep the
+    scm_at = scm_ptr + (blk[None, :, None] * R + r) * 16 + j  # contiguity that lays them out per lane)
+    if SUBS < 8:  # a part of one: its super-block and its first sub-block's place in the record
+        blk = b // (8 // SUBS)
+        scm_at = scm_ptr + (blk[None, :, None] * R + r) * 16 + ((b % (8 // SUBS)) * SUBS)[None, :, None] + j
     sc = tl.load(scm_at, mask=m3, other=z)
     mn = tl.load(scm_at + 8, mask=m3, other=z)
-    bh = tl.where(bv, b, 0)[None, :]
+    bh = tl.where(bv, blk, 0)[None, :]
     pair = tl.load(dm_ptr + bh * R + r2, mask=None if EVEN else bv[None, :], other=z)
     return words, sc, mn, pair[:, :, None]
 
 
 @triton.jit
 def _rows_first(t, R: tl.constexpr):
-    """(NB, 8, R * 4) words, a row's four contiguous, -> (R, NB, 8, 4). Loaded with rows and words as
+    """(NB, S, R * 4) words, a row's four contiguous, -> (R, NB, S, 4). Loaded with rows and words as
     one contiguous dimension, every Triton version lays lanes along the rows (by contiguity, not by its
     order among equally contiguous dimensions, which 3.6 and 3.9 take opposite ways); the reshape and
     the permutation move no data."""
-    return tl.permute(tl.reshape(t, (t.shape[0], 8, R, 4)), (2, 0, 1, 3))
+    return tl.permute(tl.reshape(t, (t.shape[0], t.shape[1], R, 4)), (2, 0, 1, 3))
 
 
 @triton.jit
-def _x(x, b, bv, R: tl.constexpr, EVEN: tl.constexpr, XVEC: tl.constexpr):
-    """x for super-blocks b (NB,): its low and high words (R, NB, 8, 4) and (R, NB, 8) dx and sums, at
-    one address across the rows (a broadcast). dx and the sums load one a lane through a select, or
-    with XVEC four a lane as (R, NB, 2, 4), reshaped."""
+def _x(x, b, bv, R: tl.constexpr, EVEN: tl.constexpr, XVEC: tl.constexpr, SUBS: tl.constexpr = 8):
+    """x for units b (NB,) of SUBS sub-blocks: its low and high words (R, NB, SUBS, 4) and (R, NB,
+    SUBS) dx and sums, at one address across the rows (a broadcast). dx and the sums load one a lane
+    through a select, or with XVEC (SUBS = 8) four a lane as (R, NB, 2, 4), reshaped."""
     xq_ptr, xd_ptr, xs_ptr = x
     r = tl.arange(0, R)[:, None, None]
-    s = b[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]  # (1, NB, 8) sub-blocks
+    s = b[None, :, None] * SUBS + tl.arange(0, SUBS)[None, None, :]  # (1, NB, SUBS) sub-blocks
     m3 = None if EVEN else bv[None, :, None]
     m4 = None if EVEN else bv[None, :, None, None]
     z = None if EVEN else 0
-    sb = b[:, None] * 8 + tl.arange(0, 8)[None, :]  # (NB, 8)
+    sb = b[:, None] * SUBS + tl.arange(0, SUBS)[None, :]  # (NB, SUBS)
     xq_at = xq_ptr + (sb * 8)[:, :, None] + (tl.arange(0, R * 4) % 4)[None, None, :]
     x_lo = _rows_first(tl.load(xq_at, mask=None if EVEN else bv[:, None, None], other=z), R)
     x_hi = _rows_first(tl.load(xq_at + 4, mask=None if EVEN else bv[:, None, None], other=z), R)
@@ -226,6 +234,8 @@ def q4_k_rows_int8_matvec(
     m = xq.shape[0]
     if c.split_k > 1 and workspace is None:
         raise ValueError("split_k > 1 needs workspace=(partials (split_k, M, n) fp32, zeroed int32 counters)")
+    if c.subs not in (2, 4, 8) or (c.xvec and c.subs != 8):
+        raise ValueError(f"RowsConfig.subs must be 8, 4 or 2 (xvec with 8 only), got {c.subs}, xvec={c.xvec}")
     qs, scm, dm = planes
     y, locks = workspace if workspace is not None else (out, out)
     q4_k_rows_int8_matvec_kernel[(triton.cdiv(n, c.rows), c.split_k)](
@@ -233,8 +243,8 @@ def q4_k_rows_int8_matvec(
         dm.view(torch.int32), n, k,
         y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, NB=c.step, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm,
-        EVEN=k // 256 % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch, ADD=accumulate,
-        M=m, M_PAD=triton.next_power_of_2(m), STREAM=c.stream,
+        EVEN=k // (32 * c.subs) % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch, ADD=accumulate,
+        M=m, M_PAD=triton.next_power_of_2(m), STREAM=c.stream, SUBS=c.subs,
         num_warps=c.num_warps, **launch_args(out.device),
     )  # fmt: skip
     return out

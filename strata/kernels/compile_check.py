@@ -131,7 +131,8 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     rows, the dequantization; the matmul is in `matmul_variants`), and the row-interleaved int8 matvec
     (a warp per 32 rows: NUM_WARPS, which `main` passes as the launch option) at one super-block a
     step as `rows_config` launches it: split and not, masked and not, with bias and residual add,
-    under PDL. `main` fails the latter if its loop has a barrier (`NO_BARRIERS`)."""
+    under PDL, and on half and quarter super-blocks a lane (`RowsConfig.subs`). `main` fails the latter
+    if its loop has a barrier (`NO_BARRIERS`)."""
     from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
     from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
     from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec_kernel
@@ -151,15 +152,17 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         ),
     ]
     pointers = {"scm_ptr": "*u8", "dm_ptr": "*i32"}
-    for rows, split, even, ahead, m in (
-        (128, 1, True, False, 1),
-        (64, 2, True, True, 1),
-        (32, 4, False, True, 1),
-        (64, 2, True, True, 4),
+    for rows, split, even, ahead, m, subs in (
+        (128, 1, True, False, 1, 8),
+        (64, 2, True, True, 1, 8),
+        (32, 4, False, True, 1, 8),
+        (64, 2, True, True, 4, 8),
+        (64, 4, True, False, 1, 4),
+        (64, 8, False, False, 1, 2),
     ):
         consts = dict(R=rows, NB=1, SPLIT_K=split, HAS_BIAS=split > 1, USE_ASM=True, EVEN=even, PDL=True)
-        consts |= dict(PREFETCH=ahead, ADD=split > 1, NUM_WARPS=rows // 32, M=m, M_PAD=m)
-        name = f"{NO_BARRIERS[0]} R={rows} split={split} even={even} prefetch={ahead} M={m}"
+        consts |= dict(PREFETCH=ahead, ADD=split > 1, NUM_WARPS=rows // 32, M=m, M_PAD=m, SUBS=subs)
+        name = f"{NO_BARRIERS[0]} R={rows} split={split} even={even} prefetch={ahead} M={m} subs={subs}"
         out.append((name, q4_k_rows_int8_matvec_kernel, consts, pointers))
     return out
 
