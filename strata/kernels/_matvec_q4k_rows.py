@@ -151,11 +151,12 @@ def _weights(planes, b, bv, R: tl.constexpr, EVEN: tl.constexpr, STREAM: tl.cons
         ),
         R,
     )
-    blk = b  # each unit's super-block (whole ones: written as is, so that the scale loads keep the
-    scm_at = scm_ptr + (blk[None, :, None] * R + r) * 16 + j  # contiguity that lays them out per lane)
-    if SUBS < 8:  # a part of one: its super-block and its first sub-block's place in the record
-        blk = b // (8 // SUBS)
-        scm_at = scm_ptr + (blk[None, :, None] * R + r) * 16 + ((b % (8 // SUBS)) * SUBS)[None, :, None] + j
+    # Each unit's super-block and its sub-blocks' places in the record: whole super-blocks written as
+    # b and j, so that the scale loads keep the contiguity that lays them out one a lane.
+    blk, at = b, j
+    if SUBS < 8:
+        blk, at = b // (8 // SUBS), ((b % (8 // SUBS)) * SUBS)[None, :, None] + j
+    scm_at = scm_ptr + (blk[None, :, None] * R + r) * 16 + at
     sc = tl.load(scm_at, mask=m3, other=z)
     mn = tl.load(scm_at + 8, mask=m3, other=z)
     bh = tl.where(bv, blk, 0)[None, :]
