@@ -264,6 +264,24 @@ def deinterleave_rows(planes: tuple[torch.Tensor, ...], n: int, rows: int) -> tu
     return ungroup_rows(qs, n, rows, 16), sc, mn, ungroup_rows(dm, n, rows, 2)
 
 
+def stack_packed(parts: list[PackedQuantWeight]) -> PackedQuantWeight:
+    """One packed weight whose rows are the parts' rows in order (the same bytes): parts of one type,
+    layout and k. The "rows" layouts are regrouped again over the stacked rows (a group may span
+    parts)."""
+    first = parts[0]
+    n = sum(p.n for p in parts)
+    if first.layout != "rows":
+        planes = tuple(torch.cat(group) for group in zip(*(p.planes for p in parts), strict=True))
+        return PackedQuantWeight(first.qtype, n, first.k, planes)
+    rows = first.rows_group
+    split, join = (
+        (deinterleave_rows, interleave_rows) if first.planar else (deinterleave_q6k_rows, interleave_q6k_rows)
+    )
+    ungrouped = [split(p.planes, p.n, rows) for p in parts]
+    stacked = tuple(torch.cat(group) for group in zip(*ungrouped, strict=True))
+    return PackedQuantWeight(first.qtype, n, first.k, join(stacked, rows), rows)
+
+
 def rows_planes(w: PackedQuantWeight, paired_dm: bool = False) -> tuple[list[torch.Tensor], list[int]]:
     """The "rows" layout's planes as the planar kernels take them (qs, sc, mn, dm), with a group's
     strides: the words (int32), the scale records (sc first), the same 8 bytes on (mn), and dm (fp16,

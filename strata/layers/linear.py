@@ -209,25 +209,10 @@ def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
     first = layers[0]
     if not all(_stackable(first, x) for x in layers):
         raise ValueError("stack_rows needs packed, unpadded layers of one quant type and input size")
-    from strata.kernels.quant_pack import PackedQuantWeight
+    from strata.kernels.quant_pack import stack_packed
 
-    parts = [x.packed for x in layers if x.packed is not None]
     n = sum(x.out_features for x in layers)
-    if parts[0].layout == "rows":  # regrouped again over the stacked rows (a group may span parts)
-        from strata.kernels import quant_pack
-
-        rows = parts[0].rows_group
-        split, join = (
-            (quant_pack.deinterleave_rows, quant_pack.interleave_rows)
-            if parts[0].planar
-            else (quant_pack.deinterleave_q6k_rows, quant_pack.interleave_q6k_rows)
-        )
-        ungrouped = [split(p.planes, p.n, rows) for p in parts]
-        stacked = tuple(torch.cat(group) for group in zip(*ungrouped, strict=True))
-        packed = PackedQuantWeight(first.qtype, n, first.in_features, join(stacked, rows), rows)
-    else:
-        planes = tuple(torch.cat(group) for group in zip(*(p.planes for p in parts), strict=True))
-        packed = PackedQuantWeight(first.qtype, n, first.in_features, planes)
+    packed = stack_packed([x.packed for x in layers if x.packed is not None])
     bias = None
     if any(x.bias is not None for x in layers):
         zeros = [torch.zeros(x.out_features, device=place.device) for x in layers]
@@ -306,7 +291,7 @@ def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module], norm: RMSNorm | N
     others (under graph capture: parallel branches joined again). Every side stream first waits for
     the current one, so it reads x after x is written, and whatever a side stream allocates is used
     and freed before any later side-stream work reuses it. Split-K counters are per stream
-    (`quant_matvec.split_locks`)."""
+    (`kernels.split_locks`)."""
     main = torch.cuda.current_stream(x.device)
     sides = _SIDE_STREAMS.setdefault(x.device, [])
     while len(sides) < len(parts) - 1:
