@@ -345,7 +345,7 @@ def test_bias_is_added_once(monkeypatch, qtype: GGMLQuantizationType, layout: st
 
 def test_split_locks_grow_without_freeing_the_smaller_set():
     # A CUDA graph captured with the smaller set keeps its address: it must stay allocated and zero.
-    from strata.kernels.quant_matvec import _LOCKS, split_locks
+    from strata.kernels.split_locks import _LOCKS, split_locks
 
     small = split_locks(torch.device(DEVICE), 3)
     big = split_locks(torch.device(DEVICE), small.numel() + 1)
@@ -362,7 +362,7 @@ def test_split_locks_grow_without_freeing_the_smaller_set():
 def test_split_k_counters_are_reset_for_the_next_launch(qtype: GGMLQuantizationType, int8_x: bool):
     # The last split of each row tile sums the partials and zeroes its counter; a counter left behind
     # would make a later launch finish a tile early (or never), from a partial sum.
-    from strata.kernels.quant_matvec import split_locks
+    from strata.kernels.split_locks import split_locks
 
     n, k = 37, k_for(qtype, 4)
     raw = random_weight(qtype, n, k, seed=5).to(DEVICE)

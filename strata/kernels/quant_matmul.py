@@ -17,8 +17,8 @@ from gguf.constants import GGMLQuantizationType
 
 from strata.kernels._matmul_quant import kernel_type, quant_matmul_kernel
 from strata.kernels._matvec_lowbit import codebook
-from strata.kernels.quant_matvec import split_locks
 from strata.kernels.quant_pack import PackedQuantWeight, rows_planes
+from strata.kernels.split_locks import split_locks
 
 _T = GGMLQuantizationType
 MATMUL_TYPES: frozenset[GGMLQuantizationType] = frozenset(

@@ -35,6 +35,7 @@ from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x,
 from strata.kernels.pdl import launch_args
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight, rows_planes
 from strata.kernels.rms_norm import _MAX_BLOCK, rms_norm
+from strata.kernels.split_locks import split_locks
 
 _T = GGMLQuantizationType
 MAX_M = 16
@@ -320,8 +321,7 @@ def quant_matvec(
             f"MatvecConfig.paired_dm is implemented in Q4_K's planar kernels only, not {qtype.name} "
             f"({packed.layout}): leave it off, or use STRATA_Q4K_LAYOUT=planar"
         )
-    rows_q6k = qtype == _T.Q6_K and packed.layout == "rows"
-    if rows_q6k and int8_x and config is not None:
+    if qtype == _T.Q6_K and packed.layout == "rows" and int8_x and config is not None:
         raise ValueError(
             "Q6_K's rows layout multiplies int8 x with its own kernel and launch (q6k_rows_config): "
             "pass config=None, or pack the weight with q6k_layout='blocks' to launch with a MatvecConfig"
@@ -393,9 +393,6 @@ def _norm_loads(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> dict[str, 
     return {"norm_ptr": weight, "eps": float(eps), "NORMED": True, "BLOCK_H": triton.next_power_of_2(k)}
 
 
-_LOCKS: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
-
-
 def _check_gated(x: torch.Tensor, up: torch.Tensor, act: str) -> None:
     if act not in ACTS:
         raise ValueError(f"act must be one of {', '.join(ACTS)}, got {act!r}")
@@ -404,19 +401,6 @@ def _check_gated(x: torch.Tensor, up: torch.Tensor, act: str) -> None:
             f"up must be a {tuple(x.shape)} {x.dtype} tensor on {x.device} with contiguous rows like x, "
             f"got {tuple(up.shape)} {up.dtype} on {up.device} with strides {up.stride()}"
         )
-
-
-def split_locks(device: torch.device, tiles: int) -> torch.Tensor:
-    """The split-K counters of the device's current stream, one per row tile, all zero between
-    launches (each launch's last split resets its own). One set serves every launch on a stream (they
-    run one after another); launches on other streams, which may run alongside, get their own. A call
-    needing more tiles gets a larger set, and the smaller ones stay allocated: a CUDA graph captured
-    with one keeps its address."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    sets = _LOCKS.setdefault((device, stream), [])
-    if not sets or sets[-1].numel() < tiles:
-        sets.append(torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device))
-    return sets[-1]
 
 
 def _rows_matvec(
