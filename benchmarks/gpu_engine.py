@@ -100,7 +100,7 @@ def parity(folder: Path) -> list[dict[str, object]]:
 
 def speed(folder: Path, layouts: list[str], cases: list[str], repeats: int) -> list[dict[str, object]]:
     rows = []
-    for short in layouts:
+    for short in filter(None, layouts):  # --layouts "" times nothing (a profile-only run)
         path = synth(f"qwen2.5-{short}", folder)
         run = runner(path, "cuda", "bfloat16")
         for case in cases:
@@ -141,12 +141,13 @@ def measure(
             "ratio": value / peer if peer else None}  # fmt: skip
 
 
-def profile_decode(folder: Path, short: str, out: Path | None) -> None:
+def profile_decode(folder: Path, short: str, out: Path | None, prefill: int = 0) -> None:
     """Kernel time per decode step, eager (no graphs) so the profiler sees each launch: the sum of
-    GPU time per step is what a captured graph cannot go below."""
+    GPU time per step is what a captured graph cannot go below. With `prefill`, the kernels of a
+    prefill of that many tokens instead (one "step")."""
     path = synth(f"qwen2.5-{short}", folder)
     run = runner(path, "cuda", "bfloat16", graphs=False)
-    workload = Workload("decode", prompt_len=8, new_tokens=32)
+    workload = Workload("prefill", prompt_len=prefill) if prefill else Workload("decode", prompt_len=8)
     prompts = prompts_for(path, workload)
     run.run(workload, prompts)
     activities = [torch.profiler.ProfilerActivity.CUDA]
@@ -154,22 +155,26 @@ def profile_decode(folder: Path, short: str, out: Path | None) -> None:
         run.run(workload, prompts)
     events = [e for e in prof.key_averages() if e.device_time_total > 0]
     events.sort(key=lambda e: -e.device_time_total)
-    steps = workload.new_tokens + 1
+    steps = 1 if prefill else workload.new_tokens + 1
     total = sum(e.device_time_total for e in events) / steps
     launches = sum(e.count for e in events) / steps
-    lines = [f"{short}: {total:,.0f} us of kernels and {launches:,.0f} launches per step (33 steps)"]
+    what = f"prefill of {prefill}" if prefill else f"step ({steps} steps)"
+    lines = [f"{short}: {total:,.0f} us of kernels and {launches:,.0f} launches per {what}"]
     lines += [
         f"  {e.device_time_total / steps:8.1f} us {e.count / steps:6.1f}x  {e.key[:90]}" for e in events[:14]
     ]
-    step = one_step(prof)
-    lines += ["", f"{short}: one decode step's kernels in order (the first 32 and the last 8 of {len(step)})"]
-    lines += step[:32] + ["  ..."] + step[-8:]
+    step = [] if prefill else one_step(prof)
+    if step:
+        order = f"in order (the first 32 and the last 8 of {len(step)})"
+        lines += ["", f"{short}: one decode step's kernels {order}"]
+        lines += step[:32] + ["  ..."] + step[-8:]
     text = "\n".join(lines)
     print(text, flush=True)
     if out:
         out.mkdir(parents=True, exist_ok=True)
         table = prof.key_averages().table(row_limit=60)
-        (out / f"profile_{short}.txt").write_text(text + "\n\n" + table + "\n\n" + "\n".join(step))
+        name = f"profile_{short}{'_prefill' if prefill else ''}.txt"
+        (out / name).write_text(text + "\n\n" + table + "\n\n" + "\n".join(step))
 
 
 def one_step(prof: torch.profiler.profile) -> list[str]:
@@ -194,6 +199,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-parity", action="store_true")
     p.add_argument("--profile", default="", help="layouts whose eager decode step is profiled, e.g. 0.5b,7b")
+    p.add_argument("--profile-prefill", type=int, default=0, help="profile a prefill of this many tokens")
     p.add_argument("--folder", type=Path, default=Path("/tmp/strata-synth"))
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = p.parse_args()
@@ -206,7 +212,7 @@ def main() -> int:
         traceback.print_exc()
     for short in filter(None, args.profile.split(",")):
         try:
-            profile_decode(args.folder, short, args.out)
+            profile_decode(args.folder, short, args.out, args.profile_prefill)
         except Exception:
             traceback.print_exc()
     rows = speed(args.folder, args.layouts.split(","), args.cases.split(","), args.repeats)

@@ -143,7 +143,7 @@ def test_q6_k_int8_prefetch_gives_the_same_sums(
     m: int, n: int, k: int, block_k: int, split_k: int, scalar: bool
 ):
     raw = random_weight(T.Q6_K, n, k, seed=n + 5 * m).to(DEVICE)
-    packed = pack_quant_weight(raw, T.Q6_K, n, k)
+    packed = pack_quant_weight(raw, T.Q6_K, n, k, q6k_layout="blocks")
     x = torch.randn(m, k, device=DEVICE).bfloat16()
     base = MatvecConfig(16, block_k, split_k, int8_x=True, scalar_scales=scalar)
     assert_same_sums(x, packed, T.Q6_K, base, replace(base, prefetch=True))
@@ -154,7 +154,7 @@ def test_q6_k_int8_scalar_scales_give_the_same_sums(m: int, n: int, k: int, spli
     # As for Q4_K above: the same loads in the products' layout; on the GPU only the final sum over a
     # step's groups may be reduced in another order.
     raw = random_weight(T.Q6_K, n, k, seed=n + m).to(DEVICE)
-    packed = pack_quant_weight(raw, T.Q6_K, n, k)
+    packed = pack_quant_weight(raw, T.Q6_K, n, k, q6k_layout="blocks")
     x = torch.randn(m, k, device=DEVICE).bfloat16()
     base = MatvecConfig(8, 512, split_k, int8_x=True)
     assert_same_sums(x, packed, T.Q6_K, base, replace(base, scalar_scales=True))

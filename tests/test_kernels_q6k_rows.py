@@ -184,7 +184,7 @@ def test_q6k_rows_config_fills_the_gpu():
 
 def test_q6k_layout_setting(monkeypatch):
     monkeypatch.delenv("STRATA_Q6K_LAYOUT", raising=False)
-    assert env.q6k_layout() == "blocks"
+    assert env.q6k_layout() == "rows"
     monkeypatch.setenv("STRATA_Q6K_LAYOUT", "planar")
     with pytest.raises(ValueError, match="STRATA_Q6K_LAYOUT='planar'.*blocks or rows"):
         env.q6k_layout()

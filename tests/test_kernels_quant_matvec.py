@@ -198,7 +198,9 @@ def check_int8(
     raw = random_weight(qtype, n, k, seed=m + n + 100)
     x = torch.randn(m, k).to(dtype)
     x[0, :32] = 0
-    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k, "planar")
+    # The planar / blocks int8 kernels, which a MatvecConfig launches (the rows layouts' kernels:
+    # test_kernels_q4k_rows.py, test_kernels_q6k_rows.py).
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k, "planar", q6k_layout="blocks")
     cfg = replace(config or default_config(qtype, m, n, k), int8_x=True)
     out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
     y = quant_matvec(x.to(DEVICE), packed, qtype, n, k, out=out, config=cfg).cpu().double()
@@ -246,6 +248,7 @@ def test_opt_in_int8_x_model_shapes_cuda(m: int, n: int, k: int, qtype: T):
 
 
 def test_strata_int8_x_picks_the_types(monkeypatch):
+    monkeypatch.setenv("STRATA_Q6K_LAYOUT", "blocks")  # whose int8 kernel a MatvecConfig launches
     n, k = 8, 512
     raw = random_weight(T.Q6_K, n, k, seed=5).to(DEVICE)
     x = torch.randn(2, k, device=DEVICE).bfloat16()
@@ -359,7 +362,10 @@ def test_split_locks_grow_without_freeing_the_smaller_set():
 
 
 @pytest.mark.parametrize("qtype,int8_x", [(T.Q8_0, False), (T.Q6_K, True)], ids=["Q8_0", "Q6_K int8"])
-def test_split_k_counters_are_reset_for_the_next_launch(qtype: GGMLQuantizationType, int8_x: bool):
+def test_split_k_counters_are_reset_for_the_next_launch(
+    monkeypatch, qtype: GGMLQuantizationType, int8_x: bool
+):
+    monkeypatch.setenv("STRATA_Q6K_LAYOUT", "blocks")  # whose int8 kernel a MatvecConfig launches
     # The last split of each row tile sums the partials and zeroes its counter; a counter left behind
     # would make a later launch finish a tile early (or never), from a partial sum.
     from strata.kernels.split_locks import split_locks

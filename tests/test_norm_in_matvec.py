@@ -132,6 +132,7 @@ ADD_CASES = [
 )
 def test_residual_add_in_the_store_is_torchs_add(monkeypatch, qtype, rows, config):
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    monkeypatch.setenv("STRATA_Q6K_LAYOUT", "blocks")  # the rows kernel's add: test_kernels_q6k_rows.py
     n, k = 48, 512
     packed = pack_quant_weight(random_weight(qtype, n, k, seed=5).to(DEVICE), qtype, n, k)
     g = torch.Generator().manual_seed(6)

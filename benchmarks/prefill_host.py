@@ -1,0 +1,52 @@
+"""Where a prefill's wall time goes on the host: `python benchmarks/prefill_host.py MODEL.gguf [-p 512]`.
+
+Times a decode workload's prefill (the first token, as `strata bench` does) a few times with the
+bench's engine (CUDA graphs on), then runs one more under cProfile and prints the functions with the
+most own time: for a prefill that is slower end to end than its kernels (gpu_engine.py
+--profile-prefill) say it is. The layout settings come from the environment (STRATA_Q6K_LAYOUT=...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+
+from strata.bench.runners import StrataRunner, WorkerConfig
+from strata.bench.workload import Workload, make_prompts, plain_token_ids
+from strata.gguf.reader import GGUFFile
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("-p", "--prompt", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    config = WorkerConfig(
+        "strata", args.model, {"dtype": "bfloat16"}, threads=os.cpu_count() or 1, device="cuda"
+    )
+    run = StrataRunner(config)
+    workload = Workload("decode", prompt_len=args.prompt, new_tokens=2)
+    prompts = make_prompts(
+        workload, plain_token_ids(GGUFFile(args.model).metadata["tokenizer.ggml.token_type"])
+    )
+    run.run(workload, prompts)
+    times = [run.run(workload, prompts).prefill_s * 1e3 for _ in range(args.repeats)]
+    shown = ", ".join(f"{t:.2f}" for t in times)
+    print(f"prefill of {args.prompt}: median {statistics.median(times):.2f} ms of {shown}")
+    prof = cProfile.Profile()
+    prof.enable()
+    m = run.run(workload, prompts)
+    prof.disable()
+    print(f"under cProfile: {m.prefill_s * 1e3:.2f} ms prefill")
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+
+
+if __name__ == "__main__":
+    main()
