@@ -257,7 +257,11 @@ def main() -> int:
         raw = random_weight(qtype, n, k, device, gen)
         nbytes = raw.numel()
         copies = 1 if args.smoke else max(1, min(args.calls, math.ceil(240e6 / nbytes)))
-        weights = [pack_quant_weight(raw.clone() if i else raw, qtype, n, k, layout) for i in range(copies)]
+        # Q6_K in blocks: the tiles a MatvecConfig launches (its rows kernel: gpu_q4k_rows.py --types Q6_K).
+        weights = [
+            pack_quant_weight(raw.clone() if i else raw, qtype, n, k, layout, q6k_layout="blocks")
+            for i in range(copies)
+        ]
         nbytes = weights[0].nbytes  # the bytes the kernel reads (the planar layout has 4 more per 256)
         name = f"{name} ({layout})" if qtype == T.Q4_K else name
         x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)

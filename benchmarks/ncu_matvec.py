@@ -39,7 +39,9 @@ def main() -> None:
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     raw = random_weight(qtype, args.n, args.k, "cuda", gen)
-    w = pack_quant_weight(raw, qtype, args.n, args.k, args.layout)
+    # --layout names Q6_K's layout too ("blocks" or "rows"; Q4_K's others leave Q6_K in blocks).
+    q6k_layout = "rows" if args.layout == "rows" else "blocks"
+    w = pack_quant_weight(raw, qtype, args.n, args.k, args.layout, q6k_layout=q6k_layout)
     cfg = None
     if args.config:
         bn, bk, split, warps, prefetch = (int(v) for v in args.config.split(","))
