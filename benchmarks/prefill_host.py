@@ -4,6 +4,8 @@ Times a decode workload's prefill (the first token, as `strata bench` does) a fe
 bench's engine (CUDA graphs on), then runs one more under cProfile and prints the functions with the
 most own time: for a prefill that is slower end to end than its kernels (gpu_engine.py
 --profile-prefill) say it is. The layout settings come from the environment (STRATA_Q6K_LAYOUT=...).
+`--device cpu` runs it on the torch reference path (tests/test_benchmark_smokes.py checks the script
+so, on a tiny model).
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ def main() -> None:
     p.add_argument("model")
     p.add_argument("-p", "--prompt", type=int, default=512)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="cuda")
     args = p.parse_args()
-    config = WorkerConfig(
-        "strata", args.model, {"dtype": "bfloat16"}, threads=os.cpu_count() or 1, device="cuda"
-    )
+    options = {"dtype": "bfloat16" if args.device == "cuda" else "float32"}
+    config = WorkerConfig("strata", args.model, options, threads=os.cpu_count() or 1, device=args.device)
     run = StrataRunner(config)
     workload = Workload("decode", prompt_len=args.prompt, new_tokens=2)
     prompts = make_prompts(

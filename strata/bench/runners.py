@@ -119,6 +119,12 @@ class StrataRunner:
             ]
             _drain(engine, warm)
         params = SamplingParams(max_tokens=workload.num_generated, ignore_eos=True)
+        if self.gpu:
+            import torch
+
+            # The engine's build (the KV pool's zeroing, graph capture) may still be running on the GPU:
+            # it is not the prefill's time.
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         requests = [engine.add_request(p, params) for p in prompts]
         while not all(r.output_ids or r.finished for r in requests):
