@@ -175,16 +175,18 @@ def bf16_ids(path: Path, **engine: object) -> list[list[int]]:
 def test_gpu_rows_layout_matches_cpu_reference(monkeypatch, tmp_path: Path, setting: str) -> None:
     # Q4_K's and Q6_K's "rows" layouts: fp32 x reads them with the planar / fp32 kernels through
     # `row_at` (the same sums: the reference's ids, graphs and eager); bf16's one-row steps take the rows
-    # kernels, whose fp32 sums are reordered, so their ids are held to the default layout's for the first
-    # tokens only (a wrong kernel parts at once). The 1.5B's layout has Q4_K and Q6_K weights.
+    # kernels, whose fp32 sums are reordered, so their ids are held to those of the layout the rows one
+    # regroups (Q4_K's planar, Q6_K's blocks) for the first tokens only (a wrong kernel parts at once).
+    # The 1.5B's layout has Q4_K and Q6_K weights.
     path = tiny(tmp_path, "qwen2.5-1.5b-tiny")
     ref = greedy_ids(path, "cpu", kernels=False, num_tokens=64)
-    planar_bf16 = bf16_ids(path)
+    monkeypatch.setenv(setting, "blocks" if setting == "STRATA_Q6K_LAYOUT" else "planar")
+    regrouped_bf16 = bf16_ids(path)
     monkeypatch.setenv(setting, "rows")
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64) == ref
     assert greedy_ids(path, "cuda", kernels=True, num_tokens=64, cuda_graphs=False) == ref
     rows_bf16 = bf16_ids(path)
-    assert [ids[:4] for ids in rows_bf16] == [ids[:4] for ids in planar_bf16]
+    assert [ids[:4] for ids in rows_bf16] == [ids[:4] for ids in regrouped_bf16]
 
 
 @cuda_only
