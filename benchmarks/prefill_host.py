@@ -1,11 +1,11 @@
 """Where a prefill's wall time goes on the host: `python benchmarks/prefill_host.py MODEL.gguf [-p 512]`.
 
 Times a decode workload's prefill (the first token, as `strata bench` does) a few times with the
-bench's engine (CUDA graphs on), then runs one more under cProfile and prints the functions with the
-most own time: for a prefill that is slower end to end than its kernels (gpu_engine.py
---profile-prefill) say it is. The layout settings come from the environment (STRATA_Q6K_LAYOUT=...).
-`--device cpu` runs it on the torch reference path (tests/test_benchmark_smokes.py checks the script
-so, on a tiny model).
+bench's engine (CUDA graphs on), then profiles one more prefill alone (its engine built first, outside
+the profile) and prints cProfile's top functions by own and by cumulative time: for a prefill that is
+slower end to end than its kernels (gpu_engine.py --profile-prefill) say it is. The layout settings
+come from the environment (STRATA_Q6K_LAYOUT=...). `--device cpu` runs it on the torch reference path
+(tests/test_benchmark_smokes.py checks the script so, on a tiny model).
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ import io
 import os
 import pstats
 import statistics
+import time
+
+import torch
 
 from strata.bench.runners import StrataRunner, WorkerConfig
 from strata.bench.workload import Workload, make_prompts, plain_token_ids
+from strata.engine.sampler import SamplingParams
 from strata.gguf.reader import GGUFFile
 
 
@@ -40,14 +44,26 @@ def main() -> None:
     times = [run.run(workload, prompts).prefill_s * 1e3 for _ in range(args.repeats)]
     shown = ", ".join(f"{t:.2f}" for t in times)
     print(f"prefill of {args.prompt}: median {statistics.median(times):.2f} ms of {shown}")
+    # The prefill alone under the profiler: the engine (and its graphs) built first, as the runner does.
+    engine = run._engine(workload)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
     prof = cProfile.Profile()
     prof.enable()
-    m = run.run(workload, prompts)
+    t0 = time.perf_counter()
+    requests = [engine.add_request(p, params) for p in prompts]
+    while not all(r.output_ids or r.finished for r in requests):
+        engine.step()
+    seconds = time.perf_counter() - t0
     prof.disable()
-    print(f"under cProfile: {m.prefill_s * 1e3:.2f} ms prefill")
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+    while engine.has_unfinished():
+        engine.step()
+    print(f"under cProfile: {seconds * 1e3:.2f} ms prefill")
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(25)
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
 
 
 if __name__ == "__main__":
