@@ -19,9 +19,9 @@ planar layout regrouped by ROWS rows (`interleave_rows`) for the int8 decode mat
 to gain (ROWS_FROM super-blocks or ROWS_FROM_K columns) and as "planar" otherwise.
 STRATA_Q4K_LAYOUT picks the layout that layers are packed in.
 
-Q6_K has a "rows" layout too (STRATA_Q6K_LAYOUT): its four planes (ql, qh, scales, d) regrouped by
-ROWS rows (`interleave_q6k_rows`) for the int8 decode matvec of `_matvec_q6k_rows`; the other Q6_K
-kernels read it through `_bits.row_at`.
+Q6_K has a "rows" layout too (STRATA_Q6K_LAYOUT, its default): its four planes (ql, qh, scales, d)
+regrouped by ROWS rows (`interleave_q6k_rows`) for the int8 decode matvec of `_matvec_q6k_rows`; the
+other Q6_K kernels read it through `_bits.row_at`. "blocks" keeps the planes by row.
 """
 
 from __future__ import annotations
