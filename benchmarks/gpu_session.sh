@@ -18,6 +18,9 @@
 #   4e. Nsight Compute on single kernels: NCU_CASES="ncu_matvec.py args;..." (NCU_SECTIONS, ncu's
 #      section options, replace the default: speed of light, occupancy,
 #      warp stalls; full reports in $OUT/ncu.txt)
+#   4f. a prefill's kernels against its wall time on the 0.5B and 7B: `gpu_engine.py --profile-prefill`
+#      and prefill_host.py (PREFILL_HOST=1 adds it; PREFILL_TOKENS, default 512)
+#   4g. gpu_matmul.py once per Q4_K layout (MATMUL_LAYOUTS="planar rows", MATMUL_ARGS to it)
 #   5. the CUDA llama.cpp peer: build, llama-bench, bench ab vs strata    (PEER=1 adds it; carry .peer)
 #      The build (~5.5 min) starts first, in the background, and stage 5 waits for it; diag.py shows
 #      in which process states llama-cpp-python loads the model (the bench's llamacpp arm still
@@ -106,6 +109,26 @@ if [ -n "${NCU_CASES:-}" ]; then
             LaunchStats --section MemoryWorkloadAnalysis} python3 benchmarks/ncu_matvec.py $case >>"$OUT/ncu.txt" 2>&1
         grep -E "^  [a-z_0-9]+|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occ|Theoretical Occ|Stall" \
             "$OUT/ncu.txt" | tail -n +1 | grep -v "^==" | tail -14
+    done
+fi
+if [ -n "${PREFILL_HOST:-}" ]; then
+    # A prefill's kernels (eager profile) against its wall time (prefill_host.py), 0.5B and 7B.
+    for short in 0.5b 7b; do
+        path=/tmp/strata-synth/qwen2.5-$short.gguf
+        [ -f $path ] || python3 -m strata.cli synth qwen2.5-$short $path >/dev/null
+        timeout 200 python3 benchmarks/gpu_engine.py --skip-parity --layouts "" --profile $short \
+            --profile-prefill ${PREFILL_TOKENS:-512} 2>&1 | grep -v Warn | head -6
+        timeout 200 python3 benchmarks/prefill_host.py $path -p ${PREFILL_TOKENS:-512} >"$OUT/host_$short.txt" 2>&1
+        grep -A12 "prefill of" "$OUT/host_$short.txt" | cut -c1-150
+    done
+fi
+if [ -n "${MATMUL_LAYOUTS:-}" ]; then
+    # gpu_matmul.py under each Q4_K layout named, e.g. MATMUL_LAYOUTS="planar rows"
+    # MATMUL_ARGS="--types Q4_K --shapes 7b --batches 16,64".
+    for layout in $MATMUL_LAYOUTS; do
+        echo "== gpu_matmul.py, STRATA_Q4K_LAYOUT=$layout"
+        STRATA_Q4K_LAYOUT=$layout timeout 200 python3 benchmarks/gpu_matmul.py ${MATMUL_ARGS:-} 2>&1 |
+            tee "$OUT/matmul_$layout.txt" | grep -E "^\||checks"
     done
 fi
 if [ -n "${PEER:-}" ]; then
