@@ -141,7 +141,7 @@ def measure(
             "ratio": value / peer if peer else None}  # fmt: skip
 
 
-def profile_decode(folder: Path, short: str, out: Path | None, prefill: int = 0) -> None:
+def profile_kernels(folder: Path, short: str, out: Path | None, prefill: int = 0) -> None:
     """Kernel time per decode step, eager (no graphs) so the profiler sees each launch: the sum of
     GPU time per step is what a captured graph cannot go below. With `prefill`, the kernels of a
     prefill of that many tokens instead (one "step")."""
@@ -212,7 +212,7 @@ def main() -> int:
         traceback.print_exc()
     for short in filter(None, args.profile.split(",")):
         try:
-            profile_decode(args.folder, short, args.out, args.profile_prefill)
+            profile_kernels(args.folder, short, args.out, args.profile_prefill)
         except Exception:
             traceback.print_exc()
     rows = speed(args.folder, args.layouts.split(","), args.cases.split(","), args.repeats)
