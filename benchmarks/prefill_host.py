@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from strata.bench.runners import StrataRunner, WorkerConfig
+from strata.bench.runners import StrataRunner, WorkerConfig, drain, first_tokens
 from strata.bench.workload import Workload, make_prompts, plain_token_ids
 from strata.engine.sampler import SamplingParams
 from strata.gguf.reader import GGUFFile
@@ -45,20 +45,17 @@ def main() -> None:
     shown = ", ".join(f"{t:.2f}" for t in times)
     print(f"prefill of {args.prompt}: median {statistics.median(times):.2f} ms of {shown}")
     # The prefill alone under the profiler: the engine (and its graphs) built first, as the runner does.
-    engine = run._engine(workload)
+    engine = run.engine(workload)
     if args.device == "cuda":
         torch.cuda.synchronize()
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     prof = cProfile.Profile()
     prof.enable()
     t0 = time.perf_counter()
-    requests = [engine.add_request(p, params) for p in prompts]
-    while not all(r.output_ids or r.finished for r in requests):
-        engine.step()
+    requests = first_tokens(engine, prompts, params)
     seconds = time.perf_counter() - t0
     prof.disable()
-    while engine.has_unfinished():
-        engine.step()
+    drain(engine, requests)
     print(f"under cProfile: {seconds * 1e3:.2f} ms prefill")
     for order in ("tottime", "cumulative"):
         text = io.StringIO()

@@ -74,7 +74,8 @@ class StrataRunner:
         self.max_batched_tokens = int(opts["max_batched_tokens"]) if "max_batched_tokens" in opts else None
         self.prefix_cache = opts.get("prefix_cache", "1") not in ("0", "false", "no")
 
-    def _engine(self, workload: Workload) -> Any:
+    def engine(self, workload: Workload) -> Any:
+        """A fresh engine sized for the workload, its decode graph captured (each run builds one)."""
         from strata.engine.llm_engine import EngineConfig, LLMEngine
         from strata.engine.scheduler import SchedulerConfig
 
@@ -106,7 +107,7 @@ class StrataRunner:
     def run(self, workload: Workload, prompts: list[list[int]]) -> Measurement:
         from strata.engine.sampler import SamplingParams
 
-        engine = self._engine(workload)
+        engine = self.engine(workload)
         depth = workload.depth
         if depth:
             if depth % self.block_size or not self.prefix_cache:
@@ -117,7 +118,7 @@ class StrataRunner:
             warm = [
                 engine.add_request(p[:depth], SamplingParams(max_tokens=1, ignore_eos=True)) for p in prompts
             ]
-            _drain(engine, warm)
+            drain(engine, warm)
         params = SamplingParams(max_tokens=workload.num_generated, ignore_eos=True)
         if self.gpu:
             import torch
@@ -126,11 +127,9 @@ class StrataRunner:
             # it is not the prefill's time.
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        requests = [engine.add_request(p, params) for p in prompts]
-        while not all(r.output_ids or r.finished for r in requests):
-            engine.step()
+        requests = first_tokens(engine, prompts, params)
         t1 = time.perf_counter()
-        _drain(engine, requests)
+        drain(engine, requests)
         t2 = time.perf_counter()
         for r in requests:
             if r.cached_tokens != depth:
@@ -142,7 +141,16 @@ class StrataRunner:
         )
 
 
-def _drain(engine: Any, requests: list[Any]) -> None:
+def first_tokens(engine: Any, prompts: list[list[int]], params: Any) -> list[Any]:
+    """The prompts' requests, stepped until each has its first token (or finished): the prefill."""
+    requests = [engine.add_request(p, params) for p in prompts]
+    while not all(r.output_ids or r.finished for r in requests):
+        engine.step()
+    return requests
+
+
+def drain(engine: Any, requests: list[Any]) -> None:
+    """Steps the engine until nothing is left; raises if one of `requests` failed."""
     while engine.has_unfinished():
         engine.step()
     for r in requests:
