@@ -18,6 +18,7 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -46,9 +47,11 @@ def greedy_ids(
     kernels: bool,
     num_tokens: int,
     dtype: torch.dtype = torch.float32,
+    setup: Callable[[LLMEngine], None] | None = None,
     **engine: object,
 ) -> list[list[int]]:
-    """Three prompts of different lengths decoded together (so decode batches are ragged)."""
+    """Three prompts of different lengths decoded together (so decode batches are ragged); `setup`
+    may change the engine before they are added."""
     os.environ["STRATA_TRITON_ON_CPU"] = "1" if kernels and device == "cpu" else "0"
     try:
         gguf = GGUFFile(path)
@@ -57,6 +60,8 @@ def greedy_ids(
         os.environ.pop("STRATA_TRITON_ON_CPU")
     assert model.place.kernels == kernels
     e = LLMEngine(model, Tokenizer.from_gguf(gguf.metadata), EngineConfig(num_blocks=64, **engine))  # type: ignore[arg-type]
+    if setup is not None:
+        setup(e)
     params = SamplingParams(max_tokens=num_tokens, ignore_eos=True)
     requests = [
         e.add_request([(7 * i + 11 * j) % 200 + 3 for j in range(9 + 13 * i)], params) for i in range(3)

@@ -39,6 +39,7 @@ OPTIONS: dict[str, frozenset[str]] = {
             "prefix_cache",
             "cuda_graphs",
             "prefill_kernel",
+            "prefill_graphs",
             "tensor_parallel",
             *ENV_OPTIONS,
         }

@@ -70,6 +70,7 @@ class StrataRunner:
         )
         self.cuda_graphs = opts.get("cuda_graphs", "1") not in ("0", "false", "no")
         self.prefill_kernel = opts.get("prefill_kernel", "1") not in ("0", "false", "no")
+        self.prefill_graphs = opts.get("prefill_graphs", "0") not in ("0", "false", "no")
         self.block_size = int(opts.get("block_size", 16))
         self.max_batched_tokens = int(opts["max_batched_tokens"]) if "max_batched_tokens" in opts else None
         self.prefix_cache = opts.get("prefix_cache", "1") not in ("0", "false", "no")
@@ -88,12 +89,17 @@ class StrataRunner:
         gpu: dict[str, Any] = {}
         if self.gpu:
             from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES
+            from strata.engine.prefill_graphs import DEFAULT_TOKEN_SIZES
 
             size = next((b for b in DEFAULT_BATCH_SIZES if b >= workload.batch), DEFAULT_BATCH_SIZES[-1])
+            # Likewise only the prefill graph that holds the timed prompt step, if one does.
+            tokens = workload.batch * (workload.prompt_len - workload.depth)
+            prefill = [t for t in DEFAULT_TOKEN_SIZES if t >= tokens][:1] if self.prefill_graphs else []
             gpu = {
                 "cuda_graphs": self.cuda_graphs,
                 "graph_batch_sizes": (size,),
                 "prefill_kernel": self.prefill_kernel,
+                "prefill_graph_tokens": tuple(prefill),
             }
         config = EngineConfig(
             num_blocks=per_seq * workload.batch,

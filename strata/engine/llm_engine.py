@@ -11,6 +11,7 @@ import torch
 from strata.engine.block_manager import BlockManager
 from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES
 from strata.engine.model_runner import ModelRunner, RunnerOutput, ScheduledBatch
+from strata.engine.prefill_graphs import prefill_tokens
 from strata.engine.request import FinishReason, Request
 from strata.engine.sampler import SamplingParams, max_new_tokens, sample_batch
 from strata.engine.scheduler import Scheduler, SchedulerConfig
@@ -34,6 +35,9 @@ class EngineConfig:
     # strata:prefill_kernel=0 strata:prefill_kernel=1` measured 0.5B prefill of 2,048 at 1.55x
     # (2026-12-04, benchmarks/RESULTS.md).
     prefill_kernel: bool = True
+    # With the prefill kernel on a GPU: token counts at which prefill and mixed steps are captured as
+    # CUDA graphs (`strata.engine.prefill_graphs`; DEFAULT_TOKEN_SIZES), () for none. Off until timed.
+    prefill_graph_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -85,6 +89,8 @@ class LLMEngine:
             config.cuda_graphs,
             tuple(b for b in sizes if b <= cap),
             config.prefill_kernel,
+            prefill_tokens(config.prefill_graph_tokens, config.scheduler.max_num_batched_tokens),
+            limit,
         )
         self._live: dict[str, _Live] = {}
         self._aborted: set[str] = set()

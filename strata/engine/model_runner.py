@@ -9,6 +9,7 @@ import torch
 from strata import env
 from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs, context_bound
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill
+from strata.engine.prefill_graphs import NewTokens, PrefillGraphs
 from strata.engine.sequence import Sequence
 from strata.models.base import DecoderModel
 
@@ -58,6 +59,15 @@ def _decode_inputs(seqs: tuple[Sequence, ...], block_size: int) -> tuple[list[in
     return ids, positions, slots
 
 
+def _new_tokens(batch: ScheduledBatch) -> list[NewTokens]:
+    """Each sequence's new token ids, the position of the first and its block table."""
+    news = []
+    for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+        start = seq.num_computed_tokens
+        news.append((seq.token_ids[start : start + n], start, seq.block_table))
+    return news
+
+
 def _due_rows(batch: ScheduledBatch) -> tuple[list[int], tuple[Sequence, ...]]:
     """The sequences whose prompt is done after this step (their next-token logits are due) and the
     step row of each one's last token. A one-token step can also be a prefill chunk with more to come."""
@@ -76,8 +86,10 @@ class ModelRunner:
 
     On the kernel path decode steps read K/V through block tables (the paged attention kernel); on a
     GPU they replay captured CUDA graphs when `cuda_graphs` is on and the batch fits the largest size.
-    Other steps (prefill, mixed) run eagerly: through the paged prefill kernel when `prefill_kernel`
-    is on, else the torch reference over per-sequence slot lists.
+    Other steps (prefill, mixed) go through the paged prefill kernel when `prefill_kernel` is on, else
+    the torch reference over per-sequence slot lists; with the kernel, a GPU and `prefill_graph_tokens`
+    they replay graphs captured at those token counts (for up to `max_seqs` sequences a step) when one
+    holds the step, and run eagerly otherwise.
     """
 
     def __init__(
@@ -88,6 +100,8 @@ class ModelRunner:
         cuda_graphs: bool = True,
         graph_batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
         prefill_kernel: bool = False,
+        prefill_graph_tokens: tuple[int, ...] = (),
+        max_seqs: int = 64,
     ) -> None:
         s = model.spec
         self.model, self.block_size, self.device = model, block_size, model.device
@@ -102,9 +116,15 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         # Not yet with tensor parallelism: capturing the collectives (and replaying them on every rank
         # in step) is unwritten, so those decode steps run eagerly.
-        if cuda_graphs and self.device.type == "cuda" and model.place.tp.size == 1:
+        graphs = cuda_graphs and self.device.type == "cuda" and model.place.tp.size == 1
+        if graphs:
             self.graphs = DecodeGraphs(
                 model, self.kv, block_size, self.max_blocks, num_blocks, graph_batch_sizes, self.short
+            )
+        self.prefill_graphs: PrefillGraphs | None = None
+        if graphs and self.kernels and prefill_kernel and prefill_graph_tokens:
+            self.prefill_graphs = PrefillGraphs(
+                model, self.kv, block_size, self.max_blocks, num_blocks, prefill_graph_tokens, max_seqs
             )
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
@@ -192,5 +212,9 @@ class ModelRunner:
             logits = self.graphs.run(ids, positions, slots, [seq.block_table for seq in batch.seqs])
             # One token per sequence, so rows index sequences; all due is the common case: no copy.
             return RunnerOutput(due, logits if len(rows) == len(batch.seqs) else logits[rows])
+        if self.prefill_graphs is not None and not batch.is_decode:
+            size = self.prefill_graphs.size_for(batch.num_tokens, len(batch.seqs))
+            if size is not None:
+                return RunnerOutput(due, self.prefill_graphs.run(size, _new_tokens(batch), rows))
         ids_t, meta = self.prepare(batch)
         return RunnerOutput(due, self.model.step(ids_t, self.kv, meta, rows))

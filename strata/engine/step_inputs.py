@@ -39,6 +39,28 @@ class StepViews:
         )
 
 
+class TwinWords:
+    """An int32 buffer on `device` (`device`) and its twin in host memory (`host`, pinned where
+    `device` is a GPU): the host fills the twin, `send` copies a prefix of it asynchronously."""
+
+    def __init__(self, words: int, device: torch.device) -> None:
+        pinned = device.type == "cuda"
+        self.host = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)
+        self.device = torch.zeros(words, dtype=torch.int32, device=device)  # on the CPU too (tests)
+        self._copied = torch.cuda.Event() if pinned else None
+
+    def wait(self) -> None:
+        """Block until the last `send` has read the host twin, so that it may be written again."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def send(self, end: int) -> None:
+        """Enqueue the copy of words [0, end) on the current stream."""
+        self.device[:end].copy_(self.host[:end], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+
+
 def words_needed(n: int, max_blocks: int) -> int:
     """int32 words for n rows: three int64 vectors, the context lengths and the block tables."""
     return 7 * n + n * max_blocks
@@ -51,18 +73,16 @@ class StepInputs:
     `scratch_block`."""
 
     def __init__(self, n: int, max_blocks: int, device: torch.device, scratch_block: int, block_size: int):
-        pinned = device.type == "cuda"
         self.n, self.max_blocks = n, max_blocks
         self.scratch_block, self.scratch_slot = scratch_block, scratch_block * block_size
-        self._host_words = torch.zeros(words_needed(n, max_blocks), dtype=torch.int32, pin_memory=pinned)
-        self.host_views = StepViews.of(self._host_words, n, max_blocks)
+        self._words = TwinWords(words_needed(n, max_blocks), device)
+        self.host_views = StepViews.of(self._words.host, n, max_blocks)
         self._host = {name: getattr(self.host_views, name).numpy() for name in StepViews.__dataclass_fields__}
         self._host["slots"][:] = self.scratch_slot
         self._host["context_lens"][:] = 1
         self._host["block_tables"][:] = scratch_block
-        self._device_words = self._host_words.to(device, copy=True)  # on the CPU too (tests)
-        self.device_views = StepViews.of(self._device_words, n, max_blocks)
-        self._copied = torch.cuda.Event() if pinned else None
+        self._words.send(self._words.host.numel())
+        self.device_views = StepViews.of(self._words.device, n, max_blocks)
 
     def upload(
         self, size: int, ids: list[int], positions: list[int], slots: list[int], block_tables: list[list[int]]
@@ -73,8 +93,7 @@ class StepInputs:
         batch = len(ids)
         if not 0 < batch <= size <= self.n:
             raise ValueError(f"a step of {batch} rows needs 0 < rows <= size <= {self.n}, got size {size}")
-        if self._copied is not None:
-            self._copied.synchronize()  # the last step's transfer has read the host words
+        self._words.wait()
         host = self._host
         host["ids"][:batch], host["ids"][batch:size] = ids, 0
         host["positions"][:batch], host["positions"][batch:size] = positions, 0
@@ -85,6 +104,4 @@ class StepInputs:
             tables[row, : len(table)] = table
         tables[batch:size, 0] = self.scratch_block
         end = words_needed(self.n, 0) + size * self.max_blocks  # rows 0 .. size - 1 of the tables
-        self._device_words[:end].copy_(self._host_words[:end], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        self._words.send(end)
