@@ -85,7 +85,11 @@ def test_kernel_path_matches_reference_in_the_interpreter(
     device = "cuda" if CUDA else "cpu"
     ref = greedy_ids(path, "cpu", kernels=False, num_tokens=5)
     # Chunked, the paged prefill kernel attends later chunks over the cached earlier ones.
-    options = {"cuda_graphs": False, "prefill_kernel": chunk < 66, "scheduler": SchedulerConfig(chunk)}
+    options = {
+        "cuda_graphs": False,
+        "prefill_kernel": chunk < 66,
+        "scheduler": SchedulerConfig(max_num_batched_tokens=chunk),
+    }
     assert greedy_ids(path, device, kernels=True, num_tokens=5, **options) == ref
 
 
