@@ -70,7 +70,7 @@ class StrataRunner:
         )
         self.cuda_graphs = opts.get("cuda_graphs", "1") not in ("0", "false", "no")
         self.prefill_kernel = opts.get("prefill_kernel", "1") not in ("0", "false", "no")
-        self.prefill_graphs = opts.get("prefill_graphs", "0") not in ("0", "false", "no")
+        self.prefill_graphs = opts.get("prefill_graphs", "1") not in ("0", "false", "no")
         self.block_size = int(opts.get("block_size", 16))
         self.max_batched_tokens = int(opts["max_batched_tokens"]) if "max_batched_tokens" in opts else None
         self.prefix_cache = opts.get("prefix_cache", "1") not in ("0", "false", "no")
