@@ -155,8 +155,9 @@ def run_matvec(args: argparse.Namespace, device: str, sms: int, log: Log) -> lis
             if k % GGML_QUANT_SIZES[qtype][0] or (name.endswith("lm_head") and qtype != T.Q8_0):
                 continue
             raw = random_weight(qtype, n, k, device, gen)
-            # Q6_K in blocks: the tiles a MatvecConfig launches (its rows kernel: gpu_q4k_rows.py).
-            packed = pack_quant_weight(raw, qtype, n, k, q6k_layout="blocks")
+            # Q4_K planar, Q6_K in blocks: the tiles a MatvecConfig launches (the rows kernels:
+            # gpu_q4k_rows.py).
+            packed = pack_quant_weight(raw, qtype, n, k, "planar", q6k_layout="blocks")
             w32 = dequantize(raw, qtype, (n, k))
             w16 = w32.to(torch.bfloat16)
             for m in (1,) if name.endswith("lm_head") else (1, 4, 16):

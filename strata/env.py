@@ -40,14 +40,16 @@ Q6K_LAYOUTS = ("blocks", "rows")
 
 def q4k_layout() -> str:
     """STRATA_Q4K_LAYOUT: how Q4_K weights are packed for the GPU kernels, "blocks" (the GGUF blocks
-    as stored), "planar" or "rows" (see strata.kernels.quant_pack); the default is "planar", faster or
-    neutral on every case of the 7B's paired suite on an H200 (benchmarks/RESULTS.md, 2026-12-04).
-    "rows" (opt-in, untimed) regroups the planar planes by 64 rows for an int8 decode matvec whose
-    warps take 32 rows of one super-block (`kernels._matvec_q4k_rows`, up to STRATA_MATVEC_ROWS
-    sequences); the other paths (fp32 x, the fused matmul, dequantization) read it with the planar
-    kernels. "auto" (opt-in) packs the weights large enough for that kernel to gain as "rows" and the
-    rest as "planar" (`quant_pack.ROWS_FROM`, `ROWS_FROM_K`)."""
-    value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "planar"
+    as stored), "planar", "rows" or "auto" (see strata.kernels.quant_pack). "rows" regroups the planar
+    planes by 64 rows for an int8 decode matvec whose lanes each take a row of one super-block
+    (`kernels._matvec_q4k_rows`, up to STRATA_MATVEC_ROWS sequences); the other paths (fp32 x, the
+    fused matmul, dequantization) read it with the planar kernels. "auto", the default, packs the
+    weights large enough for that kernel to gain as "rows" and the rest as "planar"
+    (`quant_pack.ROWS_FROM`, `ROWS_FROM_K`): against "planar" (H100, 2026-12-06, `strata bench ab
+    strata:q4k_layout=planar strata:q4k_layout=auto`) the 7B decoded 1.050x at one sequence, 1.163x
+    at 2, 1.425x at 4, 0.999x at 8, 1.029x at 64, prefilled 2,048 tokens 1.014x, and the 1.5B decoded
+    1.038x (benchmarks/RESULTS.md); the 0.5B's weights are all planar either way."""
+    value = os.environ.get("STRATA_Q4K_LAYOUT", "") or "auto"
     if value not in Q4K_LAYOUTS:
         raise ValueError(
             f"STRATA_Q4K_LAYOUT={value!r} is not a layout; set blocks, planar, rows or auto, or unset it"

@@ -15,8 +15,8 @@ that nibble i of the sub-block's little-endian 32-bit word r is element 4i + r. 
 are the same; the planes hold 148 bytes per 256 elements instead of 144. A third, "rows", is the
 planar layout regrouped by ROWS rows (`interleave_rows`) for the int8 decode matvec of
 `_matvec_q4k_rows`, whose warps take 32 rows of one sub-block; the other kernels read it through
-`_bits.row_at`. "auto" packs each Q4_K weight as "rows" where it is large enough for that kernel
-to gain (ROWS_FROM super-blocks or ROWS_FROM_K columns) and as "planar" otherwise.
+`_bits.row_at`. "auto" (the default) packs each Q4_K weight as "rows" where it is large enough for
+that kernel to gain (ROWS_FROM super-blocks or ROWS_FROM_K columns) and as "planar" otherwise.
 STRATA_Q4K_LAYOUT picks the layout that layers are packed in.
 
 Q6_K has a "rows" layout too (STRATA_Q6K_LAYOUT, its default): its four planes (ql, qh, scales, d)
