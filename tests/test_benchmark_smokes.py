@@ -38,3 +38,17 @@ def test_prefill_host_runs_on_the_cpu(tmp_path: Path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "prefill of 24: median" in done.stdout and "function calls" in done.stdout
+
+
+def test_decode_host_runs_on_the_cpu(tmp_path: Path):
+    from strata.synth.layouts import load_layout
+    from strata.synth.writer import write_layout
+
+    model = tmp_path / "m.gguf"
+    write_layout(model, load_layout("qwen2.5-0.5b-tiny"), seed=0)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "decode_host.py"), str(model), "--device", "cpu", "-n", "4"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "| m.gguf | 1 |" in done.stdout and "function calls" in done.stdout
