@@ -79,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together")
     srv.add_argument("--max-batched-tokens", type=int, default=2048, help="chunked-prefill budget per step")
     srv.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="GPU: run every step eagerly, capturing no CUDA graphs (they take a second or two to capture "
+        "and the prefill ones 1-2 GiB of GPU memory; steps are slower without them)",
+    )
+    srv.add_argument(
         "--conversation-slots",
         type=int,
         default=None,
@@ -119,6 +125,18 @@ def _prompt_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    scheduler = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens
+    )
+    num_blocks = -(-args.kv_tokens // args.block_size)
+    if args.enforce_eager:
+        return EngineConfig(
+            num_blocks, args.block_size, scheduler=scheduler, cuda_graphs=False, prefill_graph_tokens=()
+        )
+    return EngineConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=scheduler)
+
+
 def _serve(args: argparse.Namespace) -> None:
     path = resolve_model(args.model)
     api_key = args.api_key
@@ -136,11 +154,7 @@ def _serve(args: argparse.Namespace) -> None:
         trust_prompts=args.trust_prompts,
         conversation_slots=slots,
     )
-    scheduler = SchedulerConfig(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens
-    )
-    num_blocks = -(-args.kv_tokens // args.block_size)
-    engine = EngineConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=scheduler)
+    engine = _engine_config(args)
     model = ModelConfig(path, args.dtype, args.chat_template, args.device, args.tensor_parallel)
     commands.serve(model, engine, server, model_config)
 

@@ -62,3 +62,13 @@ def test_device_and_dtype_choices(capsys: pytest.CaptureFixture[str], gemma_path
     argv = ["generate", "def f(", "--model", str(gemma_path), "--max-tokens", "2", "--dtype", "float16"]
     assert main([*argv, "--device", "auto"]) == 0
     assert "2 generated" in capsys.readouterr().err
+
+
+def test_serve_enforce_eager_captures_no_graphs() -> None:
+    from strata.cli import _engine_config, _parser
+
+    eager = _engine_config(_parser().parse_args(["serve", "--enforce-eager", "--kv-tokens", "100"]))
+    assert not eager.cuda_graphs and eager.prefill_graph_tokens == ()
+    assert eager.num_blocks == 7 and eager.scheduler.max_num_seqs == 16
+    default = _engine_config(_parser().parse_args(["serve"]))
+    assert default.cuda_graphs and default.prefill_graph_tokens
