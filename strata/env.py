@@ -172,6 +172,15 @@ def concurrent_projections() -> bool:
     return _level("STRATA_CONCURRENT_PROJECTIONS", "0", ("0", "1")) == "1"
 
 
+def decode_steps() -> int:
+    """STRATA_DECODE_STEPS (default 1, at most 64): decode steps run back to back on the GPU before the
+    host reads their tokens, for batches whose every request takes the plain argmax (`SamplingParams.
+    plain_argmax`, no think budget) and fits the captured graphs: each step's argmax is copied into the
+    next step's token ids on the device, and the host reads the steps' tokens once (one wait instead of
+    one a step; a request that stops early discards the rest). Untimed: opt-in."""
+    return _integer("STRATA_DECODE_STEPS", 1, 1, 64)
+
+
 def short_graphs() -> int:
     """STRATA_SHORT_GRAPHS (positions; default 0, off, until timed): decode steps whose contexts all fit
     in that many positions run graphs captured for that bound (a second set, one per batch size), whose

@@ -31,7 +31,8 @@ def context_bound(max_context: int, max_positions: int, short: int) -> int:
 
 class DecodeGraphs:
     """Captured decode steps over `kv`; `scratch_block` is a block the block manager never hands out.
-    `short` (STRATA_SHORT_GRAPHS, 0 for none): a second set bounded by that many positions."""
+    `short` (STRATA_SHORT_GRAPHS, 0 for none): a second set bounded by that many positions.
+    `capture=False` (tests on the CPU) runs each step's body eagerly on the same buffers instead."""
 
     def __init__(
         self,
@@ -42,6 +43,7 @@ class DecodeGraphs:
         scratch_block: int,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         short: int = 0,
+        capture: bool = True,
     ) -> None:
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"batch_sizes must be positive sizes, got {tuple(batch_sizes)}")
@@ -54,12 +56,14 @@ class DecodeGraphs:
         self.context_lens, self.block_tables = views.context_lens, views.block_tables
         self.max_positions, self.short = max_blocks * block_size, short
         bounds = {self.max_positions, context_bound(0, self.max_positions, self.short)}
+        self.model, self.kv, self.capture = model, kv, capture
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        pool = torch.cuda.graph_pool_handle()
-        # Largest first, so the smaller graphs fit in the memory the largest one reserved.
-        for size in reversed(self.sizes):
-            for bound in sorted(bounds, reverse=True):
-                self.graphs[size, bound] = self._capture(model, kv, size, bound, pool)
+        if capture:
+            pool = torch.cuda.graph_pool_handle()
+            # Largest first, so the smaller graphs fit in the memory the largest one reserved.
+            for size in reversed(self.sizes):
+                for bound in sorted(bounds, reverse=True):
+                    self.graphs[size, bound] = self._capture(size, bound, pool)
 
     @property
     def max_batch(self) -> int:
@@ -69,22 +73,22 @@ class DecodeGraphs:
         paged = PagedDecode(self.block_tables[:size], self.context_lens[:size], self.block_size, bound)
         return AttentionMetadata(self.positions[:size], self.slots[:size], (1,) * size, (), paged=paged)
 
+    def _body(self, size: int, bound: int) -> torch.Tensor:
+        return self.model.compute_logits(self.model(self.ids[:size], self.kv, self._metadata(size, bound)))
+
     @torch.inference_mode()
-    def _capture(
-        self, model: DecoderModel, kv: KVCache, size: int, bound: int, pool: object
-    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        meta = self._metadata(size, bound)
+    def _capture(self, size: int, bound: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up runs compile the Triton kernels for this size (capture cannot compile); on a side
         # stream, as capture requires. The buffers hold padding, so only the scratch slot is written.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                model.compute_logits(model(self.ids[:size], kv, meta))
+                self._body(size, bound)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):  # type: ignore[arg-type]
-            logits = model.compute_logits(model(self.ids[:size], kv, meta))
+            logits = self._body(size, bound)
         return graph, logits
 
     def run(
@@ -93,13 +97,20 @@ class DecodeGraphs:
         positions: list[int],
         slots: list[int],
         block_tables: list[list[int]],
+        device_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(len(ids), vocab) float32 logits of one decode step; each sequence's block table covers its
-        context (position + 1 tokens). The result is a view into the graph's output: read it before
-        the next step."""
+        context (position + 1 tokens). `device_ids`, (len(ids),) int64 on the device, replace `ids`
+        (copied in on the stream: a previous step's picks). The result is a view into the graph's
+        output: read it before the next step."""
         batch = len(ids)
         size = next(s for s in self.sizes if s >= batch)
-        graph, logits = self.graphs[size, context_bound(max(positions) + 1, self.max_positions, self.short)]
+        bound = context_bound(max(positions) + 1, self.max_positions, self.short)
         self.inputs.upload(size, ids, positions, slots, block_tables)
+        if device_ids is not None:
+            self.ids[:batch].copy_(device_ids)
+        if not self.capture:
+            return self._body(size, bound)[:batch]
+        graph, logits = self.graphs[size, bound]
         graph.replay()
         return logits[:batch]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from strata import env
 from strata.engine.block_manager import BlockManager
 from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES
 from strata.engine.model_runner import ModelRunner, RunnerOutput, ScheduledBatch
@@ -147,6 +148,9 @@ class LLMEngine:
         self.scheduler.exhausted.clear()
         if not batch.seqs:
             return events
+        steps = self._steps_ahead(batch)
+        if steps > 1:
+            return events + self._run_ahead(batch, steps)
         try:
             out = self.runner.run(batch)
         except Exception as e:  # a failed step fails its requests, never leaks their blocks
@@ -156,6 +160,51 @@ class LLMEngine:
             return events + self._postprocess(batch, out)
         except Exception as e:  # sampling failed (say, logits a penalty drove to inf): fail, don't die
             return events + self._fail(out.seqs, f"sampling failed: {type(e).__name__}: {e}")
+
+    def _steps_ahead(self, batch: ScheduledBatch) -> int:
+        """How many decode steps this batch runs before the host reads its tokens (STRATA_DECODE_STEPS):
+        1 unless every request takes the plain argmax without a think budget and the runner can run
+        it ahead; at most any request's tokens left; and only if the KV blocks for them are there."""
+        steps = env.decode_steps()
+        if steps == 1 or not batch.is_decode or not self.runner.can_run_ahead(batch):
+            return 1
+        for seq in batch.seqs:
+            state = self._live[seq.request.request_id]
+            if state.think is not None or not seq.request.sampling.plain_argmax:
+                return 1
+            steps = min(steps, state.max_tokens - len(seq.request.output_ids))
+        # Blocks granted to an earlier sequence before a later one finds none stay in its table for
+        # the steps to come.
+        for seq in batch.seqs if steps > 1 else ():
+            if not self.blocks.can_append(seq, steps):
+                return 1
+            self.blocks.append_slots(seq, steps)
+        return max(steps, 1)
+
+    def _run_ahead(self, batch: ScheduledBatch, steps: int) -> list[TokenEvent]:
+        """Run `steps` decode steps on the device (`ModelRunner.argmax_steps`), then emit their tokens
+        step by step as single steps would; a request that ends drops the tokens computed past its end
+        (their KV went to its own blocks, freed with it)."""
+        try:
+            picks = self.runner.argmax_steps(batch, steps)
+        except Exception as e:  # as in step(): fail the batch's requests, never leak their blocks
+            return self._fail(batch.seqs, f"the model step failed: {type(e).__name__}: {e}")
+        self.scheduler.finish_step(batch)
+        states = [self._live[seq.request.request_id] for seq in batch.seqs]
+        ended = [False] * len(batch.seqs)
+        events: list[TokenEvent] = []
+        try:
+            for j, tokens in enumerate(picks):
+                for row, (seq, state) in enumerate(zip(batch.seqs, states, strict=True)):
+                    if ended[row]:
+                        continue
+                    if j:  # step j computed the KV of the token emitted at step j - 1
+                        self.blocks.mark_computed(seq, seq.num_computed_tokens + 1)
+                    ended[row] = self._emit(seq, state, tokens[row], events)
+        except Exception as e:  # as in step(): fail what is left, don't die
+            live = tuple(seq for seq, done in zip(batch.seqs, ended, strict=True) if not done)
+            return events + self._fail(live, f"decoding failed: {type(e).__name__}: {e}")
+        return events
 
     def _fail(self, seqs: tuple[Sequence, ...], message: str) -> list[TokenEvent]:
         live = [seq.request.request_id for seq in seqs if seq.request.request_id in self._live]

@@ -203,6 +203,29 @@ class ModelRunner:
         )
         return torch.tensor(ids, dtype=torch.long, device=self.device), meta
 
+    def can_run_ahead(self, batch: ScheduledBatch) -> bool:
+        """Whether `argmax_steps` can run this batch: a decode step of sequences whose every token but
+        the last is computed, within the captured graphs."""
+        fits = self.graphs is not None and len(batch.seqs) <= self.graphs.max_batch
+        return fits and all(seq.num_computed_tokens + 1 == seq.num_tokens for seq in batch.seqs)
+
+    @torch.inference_mode()
+    def argmax_steps(self, batch: ScheduledBatch, steps: int) -> list[list[int]]:
+        """`steps` decode steps of the batch (`can_run_ahead`) run back to back, each step's input the
+        argmax of the one before, picked and fed on the device; each sequence's block table must cover
+        `steps` more positions. Returns each step's tokens (steps x sequences), read with one wait."""
+        assert self.graphs is not None
+        ids, positions, slots = _decode_inputs(batch.seqs, self.block_size)
+        tables = [seq.block_table for seq in batch.seqs]
+        picks = torch.empty(steps, len(ids), dtype=torch.long, device=self.device)
+        bs = self.block_size
+        for j in range(steps):
+            at = [p + j for p in positions]
+            slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, at, strict=True)]
+            logits = self.graphs.run(ids, at, slots, tables, picks[j - 1] if j else None)
+            torch.argmax(logits, dim=-1, out=picks[j])
+        return picks.tolist()
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> RunnerOutput:
         """Compute the batch's tokens (their K/V land in the pool) and the logits that are due."""

@@ -109,6 +109,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def plain_argmax(self) -> bool:
+        """Greedy with nothing that reads the host per token: no logit bias, penalties or logprobs (the
+        token is the argmax of the raw logits, so the GPU can pick it and feed it to the next step)."""
+        neutral = self.presence_penalty == 0 and self.frequency_penalty == 0 and self.repetition_penalty == 1
+        return self.greedy and neutral and not self.logit_bias and not self.logprobs
+
 
 def max_new_tokens(params: SamplingParams, prompt_len: int, context_len: int) -> int:
     """How many tokens a request may generate: `max_tokens`, or all the room left when it is None."""
