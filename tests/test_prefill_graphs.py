@@ -18,7 +18,6 @@ if not CUDA:
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 from strata.engine.prefill_graphs import (  # noqa: E402
     PrefillGraphs,
@@ -97,15 +96,7 @@ def test_padded_steps_give_the_eager_tokens(tmp_path: Path) -> None:
     from strata.gguf.synth import SynthSpec, write_synthetic
     from tests.test_model_kernel_path import greedy_ids
 
-    spec = SynthSpec(
-        "qwen2",
-        hidden_size=256,
-        ffn_size=512,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        weight_type=GGMLQuantizationType.Q8_0,
-    )
+    spec = SynthSpec("llama", num_layers=1)
     path = write_synthetic(tmp_path / "m.gguf", spec)
     options = {"cuda_graphs": False, "scheduler": SchedulerConfig(max_num_batched_tokens=24)}
     eager = greedy_ids(path, "cpu", kernels=True, num_tokens=2, **options)

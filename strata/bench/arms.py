@@ -23,6 +23,7 @@ ENV_OPTIONS = {
     "concurrent_projections": "STRATA_CONCURRENT_PROJECTIONS",
     "dense_copy": "STRATA_DENSE_COPY",
     "short_graphs": "STRATA_SHORT_GRAPHS",
+    "decode_steps": "STRATA_DECODE_STEPS",
     "split_programs": "STRATA_SPLIT_PROGRAMS",
     "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
     "widen_to_stack": "STRATA_WIDEN_TO_STACK",
