@@ -11,7 +11,7 @@ writing its K/V to a scratch slot outside the pool and attending only to that sl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -27,6 +27,25 @@ def context_bound(max_context: int, max_positions: int, short: int) -> int:
     `short` where every context fits in it and it is below a sequence's most positions
     (STRATA_SHORT_GRAPHS), else those, so that a step splits alike with or without a captured graph."""
     return short if 0 < short < max_positions and max_context <= short else max_positions
+
+
+@torch.inference_mode()
+def capture_graph(
+    body: Callable[[], torch.Tensor], pool: object
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`body` captured as a CUDA graph in memory `pool`, and the tensor it returns (the graph's output).
+    Two warm-up runs first compile its Triton kernels (capture cannot compile), on a side stream, as
+    capture requires."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):  # type: ignore[arg-type]
+        out = body()
+    return graph, out
 
 
 class DecodeGraphs:
@@ -76,20 +95,9 @@ class DecodeGraphs:
     def _body(self, size: int, bound: int) -> torch.Tensor:
         return self.model.compute_logits(self.model(self.ids[:size], self.kv, self._metadata(size, bound)))
 
-    @torch.inference_mode()
     def _capture(self, size: int, bound: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        # Warm-up runs compile the Triton kernels for this size (capture cannot compile); on a side
-        # stream, as capture requires. The buffers hold padding, so only the scratch slot is written.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._body(size, bound)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):  # type: ignore[arg-type]
-            logits = self._body(size, bound)
-        return graph, logits
+        # The buffers hold padding, so the warm-up runs write only the scratch slot.
+        return capture_graph(lambda: self._body(size, bound), pool)
 
     def run(
         self,

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from strata.engine.cuda_graphs import capture_graph
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedPrefill
 from strata.engine.step_inputs import TwinWords
 from strata.models.base import DecoderModel
@@ -154,7 +155,7 @@ class PrefillGraphs:
         self.sizes = graph_sizes(token_sizes, max_seqs)
         tokens, seqs = self.sizes[0][0], max(s for _, s in self.sizes)
         self.inputs = PrefillInputs(tokens, seqs, max_blocks, model.device, scratch_block, block_size)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         if capture:
             pool = torch.cuda.graph_pool_handle()
             for size in self.sizes:  # largest first: the smaller graphs fit in the memory it reserved
@@ -170,21 +171,10 @@ class PrefillGraphs:
         hidden = self.model(ids, self.kv, meta)
         return self.model.compute_logits(hidden.index_select(0, rows))
 
-    @torch.inference_mode()
     def _capture(self, size: tuple[int, int], pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        # As the decode graphs: warm-up runs (they compile the kernels) on a side stream, then capture.
         # The buffers hold padding: every row writes the scratch slot and attends to the scratch block.
         self.inputs.upload(size, [], [])
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._body(size)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):  # type: ignore[arg-type]
-            logits = self._body(size)
-        return graph, logits
+        return capture_graph(lambda: self._body(size), pool)
 
     @torch.inference_mode()
     def run(self, size: tuple[int, int], seqs: Sequence[NewTokens], due: list[int]) -> torch.Tensor:
@@ -195,6 +185,5 @@ class PrefillGraphs:
         if not self.capture:
             return self._body(size)[: len(due)]
         graph, logits = self.graphs[size]
-        assert graph is not None
         graph.replay()
         return logits[: len(due)]
