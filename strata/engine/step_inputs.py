@@ -40,8 +40,8 @@ class StepViews:
 
 
 class TwinWords:
-    """An int32 buffer on `device` (`device`) and its twin in host memory (`host`, pinned where
-    `device` is a GPU): the host fills the twin, `send` copies a prefix of it asynchronously."""
+    """An int32 buffer on a device (`.device`) and its twin in host memory (`.host`, pinned where the
+    device is a GPU): the host fills the twin, `send` copies a prefix of it asynchronously."""
 
     def __init__(self, words: int, device: torch.device) -> None:
         pinned = device.type == "cuda"
