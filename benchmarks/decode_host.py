@@ -5,7 +5,8 @@ replays the step's captured graph back to back (the GPU's time a step with nothi
 between). What a step takes beyond its graph is the host's (scheduler, inputs, sampling, events) not
 hidden behind the GPU: if it is large, overlapping the next step's host work with this step's graph
 is the lever, not the kernels. Ends with cProfile's top functions over the timed steps. `--device cpu`
-(tests/test_benchmark_smokes.py) times the steps alone: there is no graph on the CPU.
+(tests/test_benchmark_smokes.py) times the steps alone: there is no graph on the CPU. Under
+STRATA_DECODE_STEPS a step decodes several positions; "step ms" is per position.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 
 import torch
 
+from strata import env
 from strata.bench.runners import StrataRunner, WorkerConfig, drain, first_tokens
 from strata.bench.workload import Workload, make_prompts, plain_token_ids
 from strata.engine.sampler import SamplingParams
@@ -51,23 +53,26 @@ def main() -> None:
     options = {"dtype": "bfloat16" if args.device == "cuda" else "float32"}
     config = WorkerConfig("strata", args.model, options, threads=os.cpu_count() or 1, device=args.device)
     run = StrataRunner(config)
-    workload = Workload("decode", prompt_len=128, new_tokens=args.steps, batch=args.batch)
+    # Room for every step's tokens: with STRATA_DECODE_STEPS=K a step emits up to K tokens a sequence.
+    ahead = env.decode_steps()
+    workload = Workload("decode", prompt_len=128, new_tokens=(2 * args.steps + 8) * ahead, batch=args.batch)
     prompts = make_prompts(
         workload, plain_token_ids(GGUFFile(args.model).metadata["tokenizer.ggml.token_type"])
     )
     engine = run.engine(workload)
-    params = SamplingParams(max_tokens=2 * args.steps + 2, ignore_eos=True)
+    params = SamplingParams(max_tokens=workload.new_tokens, ignore_eos=True)
     requests = first_tokens(engine, prompts, params)
     for _ in range(4):  # warm
         engine.step()
-    steps = []
+    steps = []  # ms per position decoded (a step that runs ahead decodes several)
     prof = cProfile.Profile()
     for i in range(2 * args.steps):
         if i == args.steps:
             prof.enable()  # the second half under the profiler, the first half timed alone
         t0 = time.perf_counter()
-        engine.step()
-        steps.append((time.perf_counter() - t0) * 1e3)
+        events = engine.step()
+        positions = sum(e.token_id is not None for e in events) / args.batch
+        steps.append((time.perf_counter() - t0) * 1e3 / max(positions, 1))
     prof.disable()
     drain(engine, requests)
     step = statistics.median(steps[: args.steps])
