@@ -41,6 +41,18 @@ class KVCache:
         return self.kv[layer, 0], self.kv[layer, 1]
 
 
+def slot_of(block_table: list[int], block_size: int, position: int) -> int:
+    """KV slot of `position` in a sequence with this block table."""
+    return block_table[position // block_size] * block_size + position % block_size
+
+
+def slots_of(block_table: list[int], block_size: int, start: int, end: int) -> torch.Tensor:
+    """(end - start,) KV slots of positions start..end-1 of a sequence with this block table."""
+    positions = torch.arange(start, end)
+    blocks = torch.tensor(block_table, dtype=torch.long)[positions // block_size]
+    return blocks * block_size + positions % block_size
+
+
 @dataclass(frozen=True)
 class PagedDecode:
     """A decode step (one new token per sequence) as the paged attention kernel reads it.

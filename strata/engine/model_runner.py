@@ -8,7 +8,7 @@ import torch
 
 from strata import env
 from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs, context_bound
-from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill
+from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill, slot_of, slots_of
 from strata.engine.prefill_graphs import NewTokens, PrefillGraphs
 from strata.engine.sequence import Sequence
 from strata.models.base import DecoderModel
@@ -41,13 +41,6 @@ class RunnerOutput:
     logits: torch.Tensor  # (len(seqs), vocab) float32
 
 
-def slots_of(block_table: list[int], block_size: int, start: int, end: int) -> torch.Tensor:
-    """(end - start,) KV slots of positions start..end-1 of a sequence with this block table."""
-    positions = torch.arange(start, end)
-    blocks = torch.tensor(block_table, dtype=torch.long)[positions // block_size]
-    return blocks * block_size + positions % block_size
-
-
 def _decode_inputs(seqs: tuple[Sequence, ...], block_size: int) -> tuple[list[int], list[int], list[int]]:
     """Token ids, positions and KV slots of a decode step (each sequence's one uncomputed token)."""
     ids, positions, slots = [], [], []
@@ -55,7 +48,7 @@ def _decode_inputs(seqs: tuple[Sequence, ...], block_size: int) -> tuple[list[in
         pos = seq.num_computed_tokens
         ids.append(seq.token_ids[pos])
         positions.append(pos)
-        slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+        slots.append(slot_of(seq.block_table, block_size, pos))
     return ids, positions, slots
 
 
@@ -215,13 +208,12 @@ class ModelRunner:
         argmax of the one before, picked and fed on the device; each sequence's block table must cover
         `steps` more positions. Returns each step's tokens (steps x sequences), read with one wait."""
         assert self.graphs is not None
-        ids, positions, slots = _decode_inputs(batch.seqs, self.block_size)
+        ids, positions, _ = _decode_inputs(batch.seqs, self.block_size)
         tables = [seq.block_table for seq in batch.seqs]
         picks = torch.empty(steps, len(ids), dtype=torch.long, device=self.device)
-        bs = self.block_size
         for j in range(steps):
             at = [p + j for p in positions]
-            slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, at, strict=True)]
+            slots = [slot_of(t, self.block_size, p) for t, p in zip(tables, at, strict=True)]
             logits = self.graphs.run(ids, at, slots, tables, picks[j - 1] if j else None)
             torch.argmax(logits, dim=-1, out=picks[j])
         return picks.tolist()

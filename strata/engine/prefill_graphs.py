@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from strata.engine.cuda_graphs import capture_graph
-from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedPrefill
+from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedPrefill, slots_of
 from strata.engine.step_inputs import TwinWords
 from strata.models.base import DecoderModel
 
@@ -89,7 +89,7 @@ class PrefillInputs:
             end = row + len(ids)
             h["ids"][row:end] = ids
             h["positions"][row:end] = np.arange(start, start + len(ids))
-            h["slots"][row:end] = _slots(table, self.block_size, start, start + len(ids))
+            h["slots"][row:end] = slots_of(table, self.block_size, start, start + len(ids)).numpy()
             h["query_start"][b], h["context_lens"][b] = row, start + len(ids)
             h["block_tables"][b, : len(table)] = table
             row = end
@@ -111,11 +111,6 @@ class PrefillInputs:
         paged = PagedPrefill(tables, lens, starts, self.block_size, tokens)
         meta = AttentionMetadata(d["positions"][:tokens], d["slots"][:tokens], (), (), paged_prefill=paged)
         return d["ids"][:tokens], meta, d["logit_rows"][:cap]
-
-
-def _slots(table: list[int], block_size: int, start: int, end: int) -> np.ndarray:
-    positions = np.arange(start, end)
-    return np.asarray(table, dtype=np.int64)[positions // block_size] * block_size + positions % block_size
 
 
 def prefill_tokens(sizes: Sequence[int], budget: int) -> tuple[int, ...]:
