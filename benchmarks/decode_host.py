@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import os
-import pstats
 import statistics
 import time
+from pathlib import Path
 
 import torch
+from gpu_engine import prompts_for, runner  # benchmarks/ is the script's folder, first on sys.path
+from prefill_host import print_profile
 
 from strata import env
-from strata.bench.runners import StrataRunner, WorkerConfig, drain, first_tokens
-from strata.bench.workload import Workload, make_prompts, plain_token_ids
+from strata.bench.runners import drain, first_tokens
+from strata.bench.workload import Workload
 from strata.engine.sampler import SamplingParams
-from strata.gguf.reader import GGUFFile
 
 
 def graph_ms(engine: object, replays: int) -> float | None:
@@ -50,15 +49,11 @@ def main() -> None:
     p.add_argument("-n", "--steps", type=int, default=64)
     p.add_argument("--device", default="cuda")
     args = p.parse_args()
-    options = {"dtype": "bfloat16" if args.device == "cuda" else "float32"}
-    config = WorkerConfig("strata", args.model, options, threads=os.cpu_count() or 1, device=args.device)
-    run = StrataRunner(config)
+    run = runner(Path(args.model), args.device, "bfloat16" if args.device == "cuda" else "float32")
     # Room for every step's tokens: with STRATA_DECODE_STEPS=K a step emits up to K tokens a sequence.
     ahead = env.decode_steps()
     workload = Workload("decode", prompt_len=128, new_tokens=(2 * args.steps + 8) * ahead, batch=args.batch)
-    prompts = make_prompts(
-        workload, plain_token_ids(GGUFFile(args.model).metadata["tokenizer.ggml.token_type"])
-    )
+    prompts = prompts_for(Path(args.model), workload)
     engine = run.engine(workload)
     params = SamplingParams(max_tokens=workload.new_tokens, ignore_eos=True)
     requests = first_tokens(engine, prompts, params)
@@ -80,11 +75,9 @@ def main() -> None:
     print("| model | batch | step ms | graph ms | beyond the graph ms | tok/s |")
     print("|---|---:|---:|---:|---:|---:|")
     shown = "- | -" if graph is None else f"{graph:.3f} | {step - graph:.3f}"
-    name = os.path.basename(args.model)
+    name = Path(args.model).name
     print(f"| {name} | {args.batch} | {step:.3f} | {shown} | {args.batch * 1e3 / step:,.0f} |")
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
-    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:5000])
+    print_profile(prof, "tottime", 20, 5000)
 
 
 if __name__ == "__main__":

@@ -13,17 +13,24 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import time
+from pathlib import Path
 
 import torch
+from gpu_engine import prompts_for, runner  # benchmarks/ is the script's folder, first on sys.path
 
-from strata.bench.runners import StrataRunner, WorkerConfig, drain, first_tokens
-from strata.bench.workload import Workload, make_prompts, plain_token_ids
+from strata.bench.runners import drain, first_tokens
+from strata.bench.workload import Workload
 from strata.engine.sampler import SamplingParams
-from strata.gguf.reader import GGUFFile
+
+
+def print_profile(prof: cProfile.Profile, order: str, count: int, chars: int) -> None:
+    """cProfile's top `count` functions by `order`, blank lines dropped, cut at `chars` characters."""
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats(order).print_stats(count)
+    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:chars])
 
 
 def main() -> None:
@@ -33,13 +40,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cuda")
     args = p.parse_args()
-    options = {"dtype": "bfloat16" if args.device == "cuda" else "float32"}
-    config = WorkerConfig("strata", args.model, options, threads=os.cpu_count() or 1, device=args.device)
-    run = StrataRunner(config)
+    run = runner(Path(args.model), args.device, "bfloat16" if args.device == "cuda" else "float32")
     workload = Workload("decode", prompt_len=args.prompt, new_tokens=2)
-    prompts = make_prompts(
-        workload, plain_token_ids(GGUFFile(args.model).metadata["tokenizer.ggml.token_type"])
-    )
+    prompts = prompts_for(Path(args.model), workload)
     run.run(workload, prompts)
     times = [run.run(workload, prompts).prefill_s * 1e3 for _ in range(args.repeats)]
     shown = ", ".join(f"{t:.2f}" for t in times)
@@ -58,9 +61,7 @@ def main() -> None:
     drain(engine, requests)
     print(f"under cProfile: {seconds * 1e3:.2f} ms prefill")
     for order in ("tottime", "cumulative"):
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(25)
-        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+        print_profile(prof, order, 25, 6000)
 
 
 if __name__ == "__main__":

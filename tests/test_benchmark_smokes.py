@@ -25,30 +25,22 @@ def test_benchmark_smoke_run(script: str):
     assert "checks failed: 0" in done.stdout or "0 failed" in done.stdout
 
 
-def test_prefill_host_runs_on_the_cpu(tmp_path: Path):
+@pytest.mark.parametrize(
+    "script, args, expected",
+    [
+        ("prefill_host.py", ["-p", "24", "--repeats", "2"], "prefill of 24: median"),
+        ("decode_host.py", ["-n", "4"], "| m.gguf | 1 |"),
+    ],
+)
+def test_host_profile_runs_on_the_cpu(tmp_path: Path, script: str, args: list[str], expected: str):
     from strata.synth.layouts import load_layout
     from strata.synth.writer import write_layout
 
     model = tmp_path / "m.gguf"
     write_layout(model, load_layout("qwen2.5-0.5b-tiny"), seed=0)
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "prefill_host.py"), str(model), "--device", "cpu", "-p", "24",
-         "--repeats", "2"],
+        [sys.executable, str(BENCHMARKS / script), str(model), "--device", "cpu", *args],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "prefill of 24: median" in done.stdout and "function calls" in done.stdout
-
-
-def test_decode_host_runs_on_the_cpu(tmp_path: Path):
-    from strata.synth.layouts import load_layout
-    from strata.synth.writer import write_layout
-
-    model = tmp_path / "m.gguf"
-    write_layout(model, load_layout("qwen2.5-0.5b-tiny"), seed=0)
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "decode_host.py"), str(model), "--device", "cpu", "-n", "4"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "| m.gguf | 1 |" in done.stdout and "function calls" in done.stdout
+    assert expected in done.stdout and "function calls" in done.stdout
