@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -130,11 +131,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens
     )
     num_blocks = -(-args.kv_tokens // args.block_size)
-    if args.enforce_eager:
-        return EngineConfig(
-            num_blocks, args.block_size, scheduler=scheduler, cuda_graphs=False, prefill_graph_tokens=()
-        )
-    return EngineConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=scheduler)
+    config = EngineConfig(num_blocks=num_blocks, block_size=args.block_size, scheduler=scheduler)
+    return replace(config, cuda_graphs=False, prefill_graph_tokens=()) if args.enforce_eager else config
 
 
 def _serve(args: argparse.Namespace) -> None:

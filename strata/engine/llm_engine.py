@@ -173,13 +173,15 @@ class LLMEngine:
             if state.think is not None or not seq.request.sampling.plain_argmax:
                 return 1
             steps = min(steps, state.max_tokens - len(seq.request.output_ids))
+        if steps <= 1:
+            return 1
         # Blocks granted to an earlier sequence before a later one finds none stay in its table for
         # the steps to come.
-        for seq in batch.seqs if steps > 1 else ():
+        for seq in batch.seqs:
             if not self.blocks.can_append(seq, steps):
                 return 1
             self.blocks.append_slots(seq, steps)
-        return max(steps, 1)
+        return steps
 
     def _run_ahead(self, batch: ScheduledBatch, steps: int) -> list[TokenEvent]:
         """Run `steps` decode steps on the device (`ModelRunner.argmax_steps`), then emit their tokens
