@@ -26,8 +26,11 @@ lint: $(VENV)/.test-stamp
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Whole test files go to TEST_WORKERS processes (pytest-xdist), so a module's fixtures load once.
+TEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV)

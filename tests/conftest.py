@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from strata.engine.llm import ModelConfig
 from strata.engine.llm_engine import EngineConfig
@@ -14,6 +16,12 @@ from strata.server.config import ServerConfig
 from strata.server.model_config import shipped_config
 from strata.server.runtime import Runtime, build_runtime
 from tests.live_server import SERVED_MODEL, serving
+
+# Under pytest-xdist (`make test` runs TEST_WORKERS, two by default: CI has two cores) each worker
+# takes its share of the cores: torch's default, a thread per core in every worker, oversubscribes.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
 @pytest.fixture(scope="session")

@@ -79,7 +79,7 @@ def test_kernel_path_matches_reference_in_the_interpreter(
     qtype: GGMLQuantizationType, chunk: int, tmp_path: Path
 ) -> None:
     spec = SynthSpec(
-        "qwen2", hidden_size=256, ffn_size=512, num_heads=4, num_kv_heads=2, head_dim=64, weight_type=qtype
+        "qwen2", hidden_size=128, ffn_size=256, num_heads=4, num_kv_heads=2, head_dim=64, weight_type=qtype
     )
     path = write_synthetic(tmp_path / "m.gguf", spec)
     device = "cuda" if CUDA else "cpu"
