@@ -152,14 +152,17 @@ def rope_in_attention() -> bool:
     return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
 
 
-def dense_copy() -> bool:
-    """STRATA_DENSE_COPY=1 (opt-in until timed): on the GPU kernel path each quantized weight of fewer
-    than 16,384 outputs (the 7B's q, k, v, o and down; not gate+up or the output head) also keeps a
-    dequantized copy in the compute dtype, which batches of STRATA_DENSE_ROWS rows or more multiply
-    with cuBLAS directly instead of dequantizing the weight on every call: the same values, more
-    memory (the 7B: about 5.4 GB in bf16) for less traffic per batched step (2 bytes a weight read
-    instead of about 4.6 read and written)."""
-    return _level("STRATA_DENSE_COPY", "0", ("0", "1")) == "1"
+def dense_copy() -> str:
+    """STRATA_DENSE_COPY (default auto; 0 or 1 for never or always): on the GPU kernel path each quantized
+    weight of fewer than 16,384 outputs (the 7B's q, k, v, o and down; not gate+up or the output head)
+    also keeps a dequantized copy in the compute dtype, which batches of STRATA_DENSE_ROWS rows or more
+    multiply with cuBLAS directly instead of dequantizing the weight on every call: the same values,
+    more memory (the 7B: about 5.4 GB in bf16) for less traffic per batched step (2 bytes a weight read
+    instead of about 4.6 read and written). `auto` keeps a copy where the GPU keeps half its memory free
+    after it (`strata.layers.linear.DENSE_COPY_FREE_SHARE`). `strata bench ab strata
+    strata:dense_copy=1` (H100, 2026-12-06, the same ids): 64 sequences 1.362x (7B), 1.165x (1.5B),
+    1.081x (0.5B); prefill of 2,048 1.052x (7B), 1.105x (0.5B)."""
+    return _level("STRATA_DENSE_COPY", "auto", ("auto", "0", "1"))
 
 
 def concurrent_projections() -> bool:

@@ -14,7 +14,8 @@ import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 import strata.kernels.dequant_packed as dequant_packed  # noqa: E402
-from strata.layers.linear import WIDE_ROWS, QuantLinear, stack_rows  # noqa: E402
+from strata import env  # noqa: E402
+from strata.layers.linear import WIDE_ROWS, QuantLinear, dense_copy_fits, stack_rows  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
 from tests.test_kernels_quant_matvec import random_weight  # noqa: E402
 
@@ -71,3 +72,22 @@ def test_stacked_layers_stack_their_copies(monkeypatch):
     stacked = stack_rows(layers, place)
     assert stacked.dense is not None and stacked.packed is not None
     assert torch.equal(stacked.dense, fresh(stacked.packed, torch.bfloat16))
+
+
+def test_auto_keeps_a_copy_where_half_the_gpu_stays_free():
+    gib = 1 << 30
+    assert dense_copy_fits(gib, free=60 * gib, total=80 * gib)  # a 7B's copies on an 80 GB GPU
+    assert dense_copy_fits(2 * gib, free=10 * gib, total=16 * gib)  # 8 GB stay free: exactly half
+    assert not dense_copy_fits(2 * gib + 1, free=10 * gib, total=16 * gib)
+
+
+def test_auto_keeps_none_off_the_gpu(monkeypatch):
+    # The copies speed up cuBLAS batches on a GPU; the CPU's kernel path (the interpreter) keeps none.
+    monkeypatch.delenv("STRATA_DENSE_COPY", raising=False)
+    assert env.dense_copy() == "auto"
+    raw = random_weight(T.Q8_0, 40, 64, seed=5)
+    layer = QuantLinear(raw, T.Q8_0, (40, 64), Placement(torch.bfloat16, torch.device("cpu"), kernels=True))
+    assert layer.dense is None
+    monkeypatch.setenv("STRATA_DENSE_COPY", "always")
+    with pytest.raises(ValueError, match="'always' must be auto, 0 or 1; unset it for auto"):
+        env.dense_copy()

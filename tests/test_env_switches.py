@@ -15,7 +15,6 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_LIVE_SPLITS", env.live_splits, False),
     ("STRATA_ROPE_IN_ATTENTION", env.rope_in_attention, False),
     ("STRATA_CONCURRENT_PROJECTIONS", env.concurrent_projections, False),
-    ("STRATA_DENSE_COPY", env.dense_copy, False),
     ("STRATA_NORM_IN_MATVEC", env.norm_in_matvec, False),
     ("STRATA_WIDEN_TO_STACK", env.widen_to_stack, False),
 ]

@@ -26,6 +26,15 @@ if TYPE_CHECKING:
 
 # Output rows from which a weight counts as wide (7B: gate+up, the output head; not q, k, v, o, down).
 WIDE_ROWS = 16384
+# STRATA_DENSE_COPY=auto keeps a weight's dense copy while this share of the GPU's memory stays free
+# after it: room for the KV cache, the CUDA graphs and the activations. An 80 GB GPU keeps all of a
+# 7B's (about 5.4 GB); a 16 GB one keeps them until the weights and copies reach 8 GB.
+DENSE_COPY_FREE_SHARE = 0.5
+
+
+def dense_copy_fits(nbytes: int, free: int, total: int) -> bool:
+    """Whether a dense copy of `nbytes` leaves DENSE_COPY_FREE_SHARE of a GPU's `total` bytes free."""
+    return free - nbytes >= DENSE_COPY_FREE_SHARE * total
 
 
 class QuantLinear(nn.Module):
@@ -37,7 +46,7 @@ class QuantLinear(nn.Module):
     matvec, more through the fused dequant matmul, and from `dense_rows` rows on the weight is
     dequantized on the fly for cuBLAS (both from `strata.env.kernel_row_limits`: 4 and 64 by default;
     a wide weight, `WIDE_ROWS` outputs or more, keeps the matmul at 64 rows too), or, with
-    STRATA_DENSE_COPY=1 and fewer outputs, read from a copy dequantized once at build time.
+    a dense copy (STRATA_DENSE_COPY) and fewer outputs, read from that copy, dequantized at build time.
     Types without a fused kernel keep a dense weight.
 
     Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
@@ -85,10 +94,22 @@ class QuantLinear(nn.Module):
             self.dense_rows += 1
         # STRATA_DENSE_COPY: the weight dequantized once, for the batches that would dequantize it per call.
         self.dense = dense
-        if dense is None and self.packed is not None and self.out_features < WIDE_ROWS and env.dense_copy():
+        narrow = self.out_features < WIDE_ROWS
+        if dense is None and self.packed is not None and narrow and self._copies(place):
             from strata.kernels.dequant_packed import dequantize_packed
 
             self.dense = dequantize_packed(self.packed, place.dtype)
+
+    def _copies(self, place: Placement) -> bool:
+        """Whether this weight keeps a dense copy (STRATA_DENSE_COPY): `auto` on a GPU with room for it."""
+        setting = env.dense_copy()
+        if setting != "auto":
+            return setting == "1"
+        if place.device.type != "cuda":
+            return False
+        free, total = torch.cuda.mem_get_info(place.device)
+        nbytes = self.out_features * self.in_features * place.dtype.itemsize
+        return dense_copy_fits(nbytes, free, total)
 
     @classmethod
     def load(cls, gguf: GGUFFile, name: str, place: Placement) -> QuantLinear:
