@@ -26,7 +26,9 @@
 #      in which process states llama-cpp-python loads the model (the bench's llamacpp arm still
 #      crashes on the GPU: benchmarks/RESULTS.md, 2026-12-04).
 #   bash benchmarks/gpu_session.sh [gpu_engine.py arguments]
-# PYTEST_K (a -k expression, e.g. "int8 or planar") and TESTS_TIMEOUT narrow stage 1; LAYOUT_CASES picks stage
+# PYTEST_K (a -k expression, e.g. "int8 or planar"), TESTS (test files in place of the list below:
+# the whole list takes more than one 10-minute call since the prefill graphs) and TESTS_TIMEOUT
+# narrow stage 1; LAYOUT_CASES picks stage
 # 4b's cases (default "b1 b8 prefill"); MATVEC_ARGS goes to stage 4.
 # Needs the gguf wheel in .whl (the machine has no gguf). Stages 4 and 5 take about 4 and 8 minutes:
 # give them their own call (SKIP_TESTS=1 SKIP_ENGINE=1 SKIP_AB=1 MATVEC_SWEEP=1 ...).
@@ -40,13 +42,13 @@ if [ -n "${PEER:-}" ]; then
     JOBS=${PEER_JOBS:-12} bash benchmarks/llamacpp_cuda/build.sh >"$OUT/peer_build.txt" 2>&1 &
     peer_build=$!
 fi
-tests="tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tests/test_kernels_fused.py
+tests=${TESTS:-"tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matmul.py tests/test_kernels_fused.py
     tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill_attention.py
     tests/test_kernels_dequant_packed.py tests/test_model_kernel_path.py tests/test_act_in_quant.py
     tests/test_quant_in_norm.py tests/test_kernels_matvec_variants.py tests/test_decode_settings.py
     tests/test_rope_in_attention.py tests/test_concurrent_projections.py tests/test_dense_copy.py
     tests/test_cuda_graphs_bound.py tests/test_norm_in_matvec.py tests/test_widen_to_stack.py
-    tests/test_kernels_q4k_rows.py tests/test_kernels_q6k_rows.py tests/test_prefill_graphs.py"
+    tests/test_kernels_q4k_rows.py tests/test_kernels_q6k_rows.py tests/test_prefill_graphs.py"}
 if [ -z "${SKIP_TESTS:-}" ]; then
     timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q --noconftest -p no:cacheprovider $tests ${PYTEST_K:+-k "$PYTEST_K"} \
         >"$OUT/pytest.txt" 2>&1
