@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,19 +10,42 @@ from pathlib import Path
 import pytest
 import torch
 
-from strata.engine.llm import ModelConfig
-from strata.engine.llm_engine import EngineConfig
-from strata.model_store import resolve_model
-from strata.server.config import ServerConfig
-from strata.server.model_config import shipped_config
-from strata.server.runtime import Runtime, build_runtime
-from tests.live_server import SERVED_MODEL, serving
+# Without a GPU the kernel tests run Triton's interpreter, which Triton fixes at its first import
+# (each kernel test module sets this too, for running alone).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from strata.engine.llm import ModelConfig  # noqa: E402
+from strata.engine.llm_engine import EngineConfig  # noqa: E402
+from strata.model_store import resolve_model  # noqa: E402
+from strata.server.config import ServerConfig  # noqa: E402
+from strata.server.model_config import shipped_config  # noqa: E402
+from strata.server.runtime import Runtime, build_runtime  # noqa: E402
+from tests.live_server import SERVED_MODEL, serving  # noqa: E402
 
 # Under pytest-xdist (`make test` runs TEST_WORKERS, two by default: CI has two cores) each worker
 # takes its share of the cores: torch's default, a thread per core in every worker, oversubscribes.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+
+def _interpret_without_overflow_checks() -> None:
+    """Triton's interpreter builds an int32-overflow check for every integer add, sub and mul (int64
+    copies of both sides, two comparisons) and then drops it unasserted, its options' `debug` being
+    off (Triton 3.9 gives no way to turn it on): a third of the kernel tests' time for nothing
+    (tests/test_kernels_quant_matvec.py's M=16 cases: 112 -> 77 s)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # no triton: the kernel tests skip
+        return
+    builder = interpreter.interpreter_builder
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+
+
+_interpret_without_overflow_checks()
 
 
 @pytest.fixture(scope="session")
