@@ -4,6 +4,8 @@
 #   2. benchmarks/gpu_engine.py: parity, kernel profile, speed            (SKIP_ENGINE=1)
 #   3. `strata bench ab strata strata --device cuda`: the token gate      (SKIP_AB=1)
 #   4. benchmarks/gpu_matvec_graph.py: matvec tiles timed in graphs       (MATVEC_SWEEP=1 adds it)
+#   4h. benchmarks/gpu_attention_graph.py (runs before 4a): paged decode attention configs in graphs
+#      (ATTN_SWEEP=1 adds it, ATTN_ARGS to it, ATTN_TIMEOUT, default 300 s)
 #   4a. benchmarks/gpu_q4k_rows.py: the row-interleaved Q4_K kernel against the planar default in
 #      graphs (ROWS_SWEEP=1 adds it, ROWS_ARGS to it; about 5 minutes for the 7B's shapes)
 #   4b. Q4_K layouts on the 7B: `bench ab strata:q4k_layout=blocks strata:q4k_layout=planar` (LAYOUT_A
@@ -62,6 +64,8 @@ model=/tmp/strata-synth/qwen2.5-0.5b.gguf
     -p 512 -n 128 --pairs 2 --out "$OUT/ab" 2>&1 | tail -12
 [ -z "${MATVEC_SWEEP:-}" ] || timeout 300 python3 benchmarks/gpu_matvec_graph.py ${MATVEC_ARGS:-} 2>&1 |
     tee "$OUT/matvec.txt" | tail -24
+[ -z "${ATTN_SWEEP:-}" ] || timeout ${ATTN_TIMEOUT:-300} python3 benchmarks/gpu_attention_graph.py ${ATTN_ARGS:-} \
+    --out "$OUT" 2>&1 | tee "$OUT/attention.txt" | grep -v " us$" | tail -14
 [ -z "${ROWS_SWEEP:-}" ] || timeout 420 python3 benchmarks/gpu_q4k_rows.py ${ROWS_ARGS:---models 7b} 2>&1 |
     tee "$OUT/rows.txt" | grep -v "^7b\|^1.5b" | tail -12
 if [ -n "${LAYOUT_AB:-}" ]; then
@@ -88,7 +92,8 @@ if [ -n "${INT8_AB:-}" ]; then
     done
 fi
 if [ -n "${AB_CASES:-}" ]; then
-    [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] || python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
+    [[ "$AB_CASES" != *MODEL7* ]] || [ -f /tmp/strata-synth/qwen2.5-7b.gguf ] ||
+        python3 -m strata.cli synth qwen2.5-7b /tmp/strata-synth/qwen2.5-7b.gguf >/dev/null
     [ -d .git ] && echo "git: $(git log -1 --format=%h)" || echo "no .git here: strata@REV arms will fail"
     [[ "$AB_CASES" != *MODEL15* ]] || [ -f /tmp/strata-synth/qwen2.5-1.5b.gguf ] ||
         python3 -m strata.cli synth qwen2.5-1.5b /tmp/strata-synth/qwen2.5-1.5b.gguf >/dev/null

@@ -13,7 +13,9 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-@pytest.mark.parametrize("script", ["gpu_kernels.py", "gpu_matvec_graph.py", "gpu_q4k_rows.py"])
+@pytest.mark.parametrize(
+    "script", ["gpu_kernels.py", "gpu_matvec_graph.py", "gpu_q4k_rows.py", "gpu_attention_graph.py"]
+)
 def test_benchmark_smoke_run(script: str):
     # Not imported here at module level: importing triton before a kernel test module sets
     # TRITON_INTERPRET would leave that module's kernels uninterpretable when this file runs first.

@@ -299,6 +299,7 @@ def paged_decode_attention(
     programs_per_sm: int = 2,
     block_t: int = 64,
     num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context; returns (batch, heads, head_dim).
 
@@ -318,6 +319,10 @@ def paged_decode_attention(
     one holding position context_len - 1 first writes that position's rotated K and V at
     `new_kv.slot_mapping`, which must be the slot the block table gives it. The same bits as
     `rotary_kv_write` then this function (q's rotation is not written back).
+
+    `block_t` (positions a loop step), `num_warps` and `num_stages` (the split kernel's software
+    pipelining depth; None: Triton's default) are launch choices: the same result up to rounding
+    (block_t moves the online softmax's rescaling points).
     """
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -344,10 +349,10 @@ def paged_decode_attention(
         raise ValueError("q, k_cache, v_cache and block_tables need a contiguous last dim")
     if block_t < 16 or block_t & (block_t - 1):
         raise ValueError(f"block_t must be a power of two >= 16 (tl.dot's minimum), got {block_t}")
-    if min(max_splits, programs_per_sm, num_splits or 1) < 1:
+    if min(max_splits, programs_per_sm, num_splits or 1, num_stages or 1) < 1:
         raise ValueError(
-            f"num_splits, max_splits and programs_per_sm must be >= 1, got {num_splits}, {max_splits} and "
-            f"{programs_per_sm}"
+            f"num_splits, max_splits, programs_per_sm and num_stages must be >= 1, got {num_splits}, "
+            f"{max_splits}, {programs_per_sm} and {num_stages}"
         )
     if block_size < 1 or (window is not None and window < 1) or min_split_len < 1:
         raise ValueError(
@@ -402,6 +407,7 @@ def paged_decode_attention(
         ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
         **rope,
         num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
         **launch_args(q.device),
     )  # fmt: skip
     if num_splits > 1:
