@@ -206,6 +206,21 @@ def decode_splits() -> tuple[int, int]:
     return _integer("STRATA_MAX_SPLITS", 64, 1, 1024), _integer("STRATA_SPLIT_PROGRAMS", 2, 1, 64)
 
 
+def decode_attention_launch() -> tuple[int, int, int, int]:
+    """(block_t, warps, stages, split_len): the GPU's paged decode attention launch, knobs for the
+    long-context sweep (`benchmarks/gpu_attention_graph.py`) to be tried end to end (`strata bench ab`
+    arm options): STRATA_ATTN_BLOCK_T (default 64 positions a loop step, a power of two from 16),
+    STRATA_ATTN_WARPS (4), STRATA_ATTN_STAGES (0: Triton's default pipelining depth) and
+    STRATA_SPLIT_LEN (256: no split shorter, so at most 128 splits of 32,768 positions; also the
+    live splits' length under STRATA_LIVE_SPLITS=1)."""
+    return (
+        _integer("STRATA_ATTN_BLOCK_T", 64, 16, 256),
+        _integer("STRATA_ATTN_WARPS", 4, 1, 16),
+        _integer("STRATA_ATTN_STAGES", 0, 0, 8),
+        _integer("STRATA_SPLIT_LEN", 256, 16, 65536),
+    )
+
+
 def pdl() -> int:
     """STRATA_PDL (default 2): the GPU kernels of a captured decode step are launched with
     programmatic dependent launch (Hopper and later): each kernel's programs start while the one

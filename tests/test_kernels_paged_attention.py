@@ -76,6 +76,7 @@ def check(
     window=None,
     min_split_len=1,
     block_t=64,
+    **launch,
 ):
     # min_split_len=1: every split a context can fill runs, so short contexts still exercise the merge.
     q, k_cache, v_cache, tables, lens, contexts = make_case(
@@ -86,7 +87,7 @@ def check(
     got = paged_decode_attention(
         q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE),
         block_size=block_size, scale=scale, window=window, num_splits=num_splits, out=out,
-        min_split_len=min_split_len, block_t=block_t,
+        min_split_len=min_split_len, block_t=block_t, **launch,
     )  # fmt: skip
     assert got is out
     got = got.cpu().double()
@@ -159,7 +160,7 @@ def test_errors_name_the_problem():
         paged_decode_attention(q, k, v, tables.long(), lens, block_size=4)
     with pytest.raises(ValueError, match="context_lens"):
         paged_decode_attention(q, k, v, tables, lens[:0], block_size=4)
-    with pytest.raises(ValueError, match="min_split_len must be >= 1, got 4, None and 0"):
+    with pytest.raises(ValueError, match="min_split_len and split_len must be >= 1, got 4, None, 0 and 256"):
         paged_decode_attention(q, k, v, tables, lens, block_size=4, min_split_len=0)
 
 
@@ -183,8 +184,31 @@ def test_split_knobs():
     cache = torch.zeros(16, 2, 16, device=DEVICE)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     tables, lens = tables.to(DEVICE), lens.to(DEVICE)
-    with pytest.raises(ValueError, match="max_splits and programs_per_sm must be >= 1, got None, 0"):
+    with pytest.raises(ValueError, match="num_stages must be >= 1, got None, 0, 2 and None"):
         paged_decode_attention(q, cache, cache, tables, lens, block_size=16, max_splits=0)
+
+
+@pytest.mark.parametrize("block_t, num_warps, num_stages", [(16, 2, 1), (32, 8, 4), (128, 4, None)])
+def test_launch_configs(block_t, num_warps, num_stages):
+    # The launch choices the long-context sweep tries (benchmarks/gpu_attention_graph.py): the same
+    # result within the tolerance (block_t moves the online softmax's rescaling points).
+    check([1, 17, 300], 14, 2, 32, 16, torch.bfloat16, 3, block_t=block_t, num_warps=num_warps,
+          num_stages=num_stages)  # fmt: skip
+
+
+def test_attention_launch_env(monkeypatch):
+    from strata import env
+
+    for name in ("STRATA_ATTN_BLOCK_T", "STRATA_ATTN_WARPS", "STRATA_ATTN_STAGES", "STRATA_SPLIT_LEN"):
+        monkeypatch.delenv(name, raising=False)
+    assert env.decode_attention_launch() == (64, 4, 0, 256)
+    monkeypatch.setenv("STRATA_ATTN_BLOCK_T", "128")
+    monkeypatch.setenv("STRATA_ATTN_STAGES", "2")
+    monkeypatch.setenv("STRATA_SPLIT_LEN", "128")
+    assert env.decode_attention_launch() == (128, 4, 2, 128)
+    monkeypatch.setenv("STRATA_ATTN_WARPS", "0")
+    with pytest.raises(ValueError, match="STRATA_ATTN_WARPS='0' must be an integer from 1 to 16; unset it"):
+        env.decode_attention_launch()
 
 
 def test_split_env(monkeypatch):

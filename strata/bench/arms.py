@@ -25,6 +25,10 @@ ENV_OPTIONS = {
     "short_graphs": "STRATA_SHORT_GRAPHS",
     "decode_steps": "STRATA_DECODE_STEPS",
     "split_programs": "STRATA_SPLIT_PROGRAMS",
+    "attn_block_t": "STRATA_ATTN_BLOCK_T",
+    "attn_warps": "STRATA_ATTN_WARPS",
+    "attn_stages": "STRATA_ATTN_STAGES",
+    "split_len": "STRATA_SPLIT_LEN",
     "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
     "widen_to_stack": "STRATA_WIDEN_TO_STACK",
 }

@@ -297,6 +297,7 @@ def paged_decode_attention(
     new_kv: NewKV | None = None,
     max_splits: int = 64,
     programs_per_sm: int = 2,
+    split_len: int = MIN_SPLIT_LEN,
     block_t: int = 64,
     num_warps: int = 4,
     num_stages: int | None = None,
@@ -308,7 +309,8 @@ def paged_decode_attention(
     and counting the new token (whose K/V must already be written). `scale` defaults to
     1/sqrt(head_dim); `window` keeps only the last `window` positions (sliding-window layers).
     `num_splits` defaults to `choose_num_splits` over `max_context_len` (an upper bound known on the
-    host; by default the block table's capacity; `max_splits` and `programs_per_sm` passed on), so
+    host; by default the block table's capacity; `split_len`, `max_splits` and `programs_per_sm`
+    passed on as its min_split_len, max_splits and programs_per_sm), so
     choosing never syncs with the device. More than 64 splits are merged in chunks of 64. On the
     device each sequence uses at most cdiv(its positions, `min_split_len`) of them (1, the default:
     at most one per position, which partitions the context as all of them would; MIN_SPLIT_LEN: about
@@ -354,10 +356,10 @@ def paged_decode_attention(
             f"num_splits, max_splits, programs_per_sm and num_stages must be >= 1, got {num_splits}, "
             f"{max_splits}, {programs_per_sm} and {num_stages}"
         )
-    if block_size < 1 or (window is not None and window < 1) or min_split_len < 1:
+    if block_size < 1 or (window is not None and window < 1) or min(min_split_len, split_len) < 1:
         raise ValueError(
-            f"block_size, window and min_split_len must be >= 1, got {block_size}, {window} and "
-            f"{min_split_len}"
+            f"block_size, window, min_split_len and split_len must be >= 1, got {block_size}, {window}, "
+            f"{min_split_len} and {split_len}"
         )
     rope = {}
     if new_kv is not None:
@@ -378,7 +380,7 @@ def paged_decode_attention(
     if num_splits is None:
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
         num_splits = choose_num_splits(
-            batch, num_kv_heads, max_context_len, num_sms, max_splits=max_splits,
+            batch, num_kv_heads, max_context_len, num_sms, min_split_len=split_len, max_splits=max_splits,
             programs_per_sm=programs_per_sm,
         )  # fmt: skip
     group = num_heads // num_kv_heads

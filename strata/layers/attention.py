@@ -76,16 +76,18 @@ class Attention(nn.Module):
         self, q: torch.Tensor, kv: KVCache, paged: PagedDecode, new_kv: NewKV | None = None
     ) -> torch.Tensor:
         """new_kv: q and this step's K/V come unrotated, K/V not yet written (the kernel does both)."""
-        from strata.kernels.paged_attention import MIN_SPLIT_LEN, paged_decode_attention  # needs triton
+        from strata.kernels.paged_attention import paged_decode_attention  # needs triton
 
         k_cache, v_cache = kv.layer(self.layer)
         max_splits, programs_per_sm = env.decode_splits()
+        block_t, warps, stages, split_len = env.decode_attention_launch()
         out = paged_decode_attention(
             q, k_cache, v_cache, paged.block_tables, paged.context_lens,
             block_size=paged.block_size, scale=self.scale, window=self.window,
             num_splits=paged.num_splits, max_context_len=paged.max_context_len,
-            min_split_len=MIN_SPLIT_LEN if env.live_splits() else 1, new_kv=new_kv,
-            max_splits=max_splits, programs_per_sm=programs_per_sm,
+            min_split_len=split_len if env.live_splits() else 1, new_kv=new_kv,
+            max_splits=max_splits, programs_per_sm=programs_per_sm, split_len=split_len,
+            block_t=block_t, num_warps=warps, num_stages=stages or None,
         )  # fmt: skip
         return out.flatten(1)
 
