@@ -35,7 +35,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_kernels import copy_ceiling_gbs  # noqa: E402
+from gpu_kernels import add_smoke_and_out, copy_ceiling_gbs, smoke_or_cuda  # noqa: E402
 from gpu_matvec_graph import graph_call_us  # noqa: E402
 
 from strata.kernels.paged_attention import choose_num_splits, paged_decode_attention  # noqa: E402
@@ -146,14 +146,9 @@ def main() -> int:
     parser.add_argument("--warps", default="2,4,8")
     parser.add_argument("--stages", default="0,2,3,4", help="0: Triton's default")
     parser.add_argument("--early-v", default="0,1", help="1: V's load issued with K's")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes in the interpreter on the CPU")
-    parser.add_argument(
-        "--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    )
+    add_smoke_and_out(parser)
     args = parser.parse_args()
-    if not args.smoke and not torch.cuda.is_available():
-        parser.error("no CUDA device; use --smoke to check the script on the CPU")
-    device = "cpu" if args.smoke else "cuda"
+    device = smoke_or_cuda(parser, args)
     cases = SMOKE_CASES if args.smoke else {name: CASES[name] for name in args.cases.split(",")}
     if args.smoke:  # a few configs: each one is interpreted
         args.block_t, args.warps, args.stages, args.early_v = "16,32", "4", "0,2", "0,1"

@@ -272,20 +272,30 @@ def summary(rows: list[Row], ceiling: float) -> list[str]:
     return lines
 
 
+def add_smoke_and_out(parser: argparse.ArgumentParser) -> None:
+    """--smoke (the interpreter on the CPU) and --out (default $OUT), as the GPU scripts take them."""
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes in the interpreter on the CPU")
+    parser.add_argument(
+        "--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    )
+
+
+def smoke_or_cuda(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The device of the run: "cpu" under --smoke, else "cuda" (an argument error without one)."""
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("no CUDA device; use --smoke to check the script on the CPU")
+    return "cpu" if args.smoke else "cuda"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer shapes (about half the time)")
     parser.add_argument("--only", choices=["matvec", "attention"], help="run one kernel family")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes in the interpreter on the CPU")
-    parser.add_argument(
-        "--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    )
+    add_smoke_and_out(parser)
     args = parser.parse_args()
-    if not args.smoke and not torch.cuda.is_available():
-        parser.error("no CUDA device; use --smoke to check the script on the CPU")
-    device = "cpu" if args.smoke else "cuda"
+    device = smoke_or_cuda(parser, args)
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 references must be fp32
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
