@@ -1,7 +1,7 @@
 """Paged decode attention as decode runs it: in a CUDA graph, one cache per layer, per launch config.
 
     python benchmarks/gpu_attention_graph.py [--cases 0.5b-32k,7b-32k] [--splits 32,64,128,256]
-        [--block-t 32,64,128] [--warps 2,4,8] [--stages 0,2,3,4] [--early-v 0,1] [--out DIR]
+        [--block-t 32,64,128] [--warps 2,4,8] [--stages 0,2,3,4] [--out DIR]
     python benchmarks/gpu_attention_graph.py --smoke     # the script itself, in Triton's interpreter
 
 `gpu_kernels.py` times one eager launch pair (split kernel + merge) at a time, which at 20-30 us
@@ -87,8 +87,7 @@ def reference(q, k_cache, v_cache, tables, ctx: int) -> torch.Tensor:
 
 
 def sweep_case(name: str, shape: tuple, configs: list[tuple], device: str, sms: int) -> tuple[list, str]:
-    """Each config (splits or 0 for the chosen count, block_t, warps, stages, early V) checked, then
-    timed: the
+    """Each config (splits or 0 for the chosen count, block_t, warps, stages) checked, then timed: the
     results and the case's table row."""
     heads, kv_heads, dim, layers, batch, ctx = shape
     q, tables, lens, caches = make_layers(heads, kv_heads, dim, layers, batch, ctx, device)
@@ -97,12 +96,12 @@ def sweep_case(name: str, shape: tuple, configs: list[tuple], device: str, sms: 
     chosen = choose_num_splits(batch, kv_heads, ctx, sms)
     out = torch.empty_like(q)
     results, timed = [], {}
-    for config in dict.fromkeys((n or chosen, *rest) for n, *rest in [(0, 64, 4, 0, 0), *configs]):
-        n, block_t, warps, stages, early_v = config
+    for config in dict.fromkeys((n or chosen, t, w, st) for n, t, w, st in [(0, 64, 4, 0), *configs]):
+        n, block_t, warps, stages = config
         launch = partial(
             paged_decode_attention, q, block_tables=tables, context_lens=lens, block_size=BLOCK_SIZE,
             num_splits=n, max_context_len=ctx, out=out, block_t=block_t, num_warps=warps,
-            num_stages=stages or None, early_v=bool(early_v),
+            num_stages=stages or None,
         )  # fmt: skip
 
         def run(i: int, launch=launch) -> None:
@@ -122,16 +121,16 @@ def sweep_case(name: str, shape: tuple, configs: list[tuple], device: str, sms: 
             continue
         timed[config] = graph_call_us(run, layers) if device == "cuda" else 0.0
         results.append({"case": name, "config": config, "ok": True, "us": timed[config]})
-        print(f"{name} splits {n} t{block_t} w{warps} s{stages} v{early_v}: {timed[config]:8.2f} us")
+        print(f"{name} splits {n} t{block_t} w{warps} s{stages}: {timed[config]:8.2f} us")
     if not timed:
         return results, f"| {name} | no config ran |"
-    base = timed.get((chosen, 64, 4, 0, 0), float("nan"))
+    base = timed.get((chosen, 64, 4, 0), float("nan"))
     best = min(timed, key=lambda c: timed[c])
     us = timed[best] or float("nan")
     gbs = 2 * batch * ctx * kv_heads * dim * 2 / us / 1e3  # K and V, bf16
     row = (
         f"| {name} | splits {chosen} t64 w4 | {base:.2f} | splits {best[0]} t{best[1]} w{best[2]} "
-        f"s{best[3]} v{best[4]} | {us:.2f} | {base / us:.2f}x | {gbs:.0f} |"
+        f"s{best[3]} | {us:.2f} | {base / us:.2f}x | {gbs:.0f} |"
     )
     return results, row
 
@@ -145,13 +144,12 @@ def main() -> int:
     parser.add_argument("--block-t", default="32,64,128")
     parser.add_argument("--warps", default="2,4,8")
     parser.add_argument("--stages", default="0,2,3,4", help="0: Triton's default")
-    parser.add_argument("--early-v", default="0,1", help="1: V's load issued with K's")
     add_smoke_and_out(parser)
     args = parser.parse_args()
     device = smoke_or_cuda(parser, args)
     cases = SMOKE_CASES if args.smoke else {name: CASES[name] for name in args.cases.split(",")}
     if args.smoke:  # a few configs: each one is interpreted
-        args.block_t, args.warps, args.stages, args.early_v = "16,32", "4", "0,2", "0,1"
+        args.block_t, args.warps, args.stages = "16,32", "4", "0,2"
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
     ceiling = copy_ceiling_gbs(device, args.smoke)
@@ -161,8 +159,7 @@ def main() -> int:
         _, kv_heads, _, _, batch, ctx = shape
         chosen = choose_num_splits(batch, kv_heads, ctx, sms)
         splits = ints(args.splits) or sorted({max(1, chosen // 2), chosen, 2 * chosen, 4 * chosen})
-        knobs = (args.block_t, args.warps, args.stages, args.early_v)
-        grid = itertools.product(splits, *map(ints, knobs))
+        grid = itertools.product(splits, ints(args.block_t), ints(args.warps), ints(args.stages))
         case_results, row = sweep_case(name, shape, list(grid), device, sms)
         results += case_results
         table.append(row)

@@ -58,7 +58,7 @@ def _split_kernel(
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr, ROPE: tl.constexpr = False, ROPE_DIM: tl.constexpr = 0,
-    INTERLEAVED: tl.constexpr = False, EARLY_V: tl.constexpr = False,
+    INTERLEAVED: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """ROPE: q and the new token's k come unrotated; see `paged_decode_attention`'s `new_kv`."""
@@ -76,7 +76,7 @@ def _split_kernel(
             stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
             stride_knb, stride_knh, stride_vnb, stride_vnh,
             NUM_HEADS, G, G_PAD, D, D_PAD, BLOCK_T, ONE_SPLIT, PRECISION, DOT_F32,
-            ROPE, ROPE_DIM, INTERLEAVED, EARLY_V,
+            ROPE, ROPE_DIM, INTERLEAVED,
         )  # fmt: skip
 
 
@@ -89,7 +89,7 @@ def _split_chunk(
     stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    ROPE: tl.constexpr, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, EARLY_V: tl.constexpr,
+    ROPE: tl.constexpr, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
     one, else its partial. With ROPE, the chunk holding the new token (position ctx - 1) first writes
@@ -139,9 +139,6 @@ def _split_chunk(
         k = tl.load(
             k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + idim[None, :], mask=kv_mask, other=0
         )
-        v_at = v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + idim[None, :]
-        if EARLY_V:  # V's load issued with K's, before the scores (the same arithmetic)
-            v = tl.load(v_at, mask=kv_mask, other=0)
         if DOT_F32:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (G_PAD, BLOCK_T), log2 units
@@ -151,8 +148,9 @@ def _split_chunk(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if not EARLY_V:
-            v = tl.load(v_at, mask=kv_mask, other=0)
+        v = tl.load(
+            v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + idim[None, :], mask=kv_mask, other=0
+        )
         if DOT_F32:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -303,7 +301,6 @@ def paged_decode_attention(
     block_t: int = 64,
     num_warps: int = 4,
     num_stages: int | None = None,
-    early_v: bool = False,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context; returns (batch, heads, head_dim).
 
@@ -327,8 +324,7 @@ def paged_decode_attention(
 
     `block_t` (positions a loop step), `num_warps` and `num_stages` (the split kernel's software
     pipelining depth; None: Triton's default) are launch choices: the same result up to rounding
-    (block_t moves the online softmax's rescaling points). `early_v` loads a tile's V beside its K,
-    before the scores: the same bits, a candidate for long contexts.
+    (block_t moves the online softmax's rescaling points).
     """
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -411,7 +407,7 @@ def paged_decode_attention(
         nk.k.stride(0), nk.k.stride(1), nk.v.stride(0), nk.v.stride(1),
         NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
         ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
-        EARLY_V=early_v, **rope,
+        **rope,
         num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),
         **launch_args(q.device),
