@@ -42,12 +42,16 @@ from strata.kernels.paged_attention import choose_num_splits, paged_decode_atten
 
 # name: (heads, kv_heads, head_dim, layers, batch, context)
 CASES = {
+    "0.5b-1k": (14, 2, 64, 24, 1, 1024),
     "0.5b-8k": (14, 2, 64, 24, 1, 8192),
     "0.5b-32k": (14, 2, 64, 24, 1, 32768),
     "0.5b-32k-b4": (14, 2, 64, 24, 4, 32768),
     "1.5b-32k": (12, 2, 128, 28, 1, 32768),
     "7b-32k": (28, 4, 128, 28, 1, 32768),
     "7b-8k-b8": (28, 4, 128, 28, 8, 8192),
+    "0.5b-2k-b32": (14, 2, 64, 24, 32, 2048),
+    "7b-1k": (28, 4, 128, 28, 1, 1024),
+    "7b-2k-b32": (28, 4, 128, 28, 32, 2048),
 }
 SMOKE_CASES = {"smoke": (4, 2, 16, 2, 2, 300)}
 BLOCK_SIZE = 16

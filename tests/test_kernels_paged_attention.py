@@ -188,7 +188,7 @@ def test_split_knobs():
         paged_decode_attention(q, cache, cache, tables, lens, block_size=16, max_splits=0)
 
 
-@pytest.mark.parametrize("block_t, num_warps, num_stages", [(16, 2, 1), (32, 8, 4), (128, 4, None)])
+@pytest.mark.parametrize("block_t, num_warps, num_stages", [(16, 2, 1), (32, 8, 4), (128, 4, None), (128, 4, 2)])
 def test_launch_configs(block_t, num_warps, num_stages):
     # The launch choices the long-context sweep tries (benchmarks/gpu_attention_graph.py): the same
     # result within the tolerance (block_t moves the online softmax's rescaling points).
