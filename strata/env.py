@@ -209,12 +209,13 @@ def decode_splits() -> tuple[int, int]:
 def decode_attention_launch() -> tuple[int, int, int, int]:
     """(block_t, warps, stages, split_len): the GPU's paged decode attention launch, knobs for the
     long-context sweep (`benchmarks/gpu_attention_graph.py`) to be tried end to end (`strata bench ab`
-    arm options): STRATA_ATTN_BLOCK_T (default 64 positions a loop step, a power of two from 16),
-    STRATA_ATTN_WARPS (4), STRATA_ATTN_STAGES (0: Triton's default pipelining depth) and
+    arm options): STRATA_ATTN_BLOCK_T (positions a loop step, a power of two from 16; default 0: the
+    kernel's `default_launch`, 128 or 64 by head_dim and shared memory), STRATA_ATTN_WARPS (4),
+    STRATA_ATTN_STAGES (the pipelining depth; 0: `default_launch`'s, else Triton's default) and
     STRATA_SPLIT_LEN (256: no split shorter, so at most 128 splits of 32,768 positions; also the
     live splits' length under STRATA_LIVE_SPLITS=1)."""
     return (
-        _integer("STRATA_ATTN_BLOCK_T", 64, 16, 256),
+        _integer("STRATA_ATTN_BLOCK_T", 0, 0, 256),
         _integer("STRATA_ATTN_WARPS", 4, 1, 16),
         _integer("STRATA_ATTN_STAGES", 0, 0, 8),
         _integer("STRATA_SPLIT_LEN", 256, 16, 65536),

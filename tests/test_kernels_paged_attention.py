@@ -25,7 +25,11 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from strata.kernels.paged_attention import choose_num_splits, paged_decode_attention  # noqa: E402
+from strata.kernels.paged_attention import (  # noqa: E402
+    choose_num_splits,
+    default_launch,
+    paged_decode_attention,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="long contexts run only on CUDA")
@@ -188,7 +192,9 @@ def test_split_knobs():
         paged_decode_attention(q, cache, cache, tables, lens, block_size=16, max_splits=0)
 
 
-@pytest.mark.parametrize("block_t, num_warps, num_stages", [(16, 2, 1), (32, 8, 4), (128, 4, None), (128, 4, 2)])
+@pytest.mark.parametrize(
+    "block_t, num_warps, num_stages", [(16, 2, 1), (32, 8, 4), (128, 4, None), (128, 4, 2)]
+)
 def test_launch_configs(block_t, num_warps, num_stages):
     # The launch choices the long-context sweep tries (benchmarks/gpu_attention_graph.py): the same
     # result within the tolerance (block_t moves the online softmax's rescaling points).
@@ -196,12 +202,19 @@ def test_launch_configs(block_t, num_warps, num_stages):
           num_stages=num_stages)  # fmt: skip
 
 
+def test_default_launch():
+    h100 = 232_448  # bytes of opt-in shared memory a block
+    assert default_launch(64, 2, h100) == default_launch(128, 2, h100) == (128, 2)
+    assert default_launch(128, 4, h100) == default_launch(256, 2, h100) == (64, None)  # tiles too big
+    assert default_launch(64, 2, 0) == (64, None)  # unknown (the CPU): the tile from before
+
+
 def test_attention_launch_env(monkeypatch):
     from strata import env
 
     for name in ("STRATA_ATTN_BLOCK_T", "STRATA_ATTN_WARPS", "STRATA_ATTN_STAGES", "STRATA_SPLIT_LEN"):
         monkeypatch.delenv(name, raising=False)
-    assert env.decode_attention_launch() == (64, 4, 0, 256)
+    assert env.decode_attention_launch() == (0, 4, 0, 256)
     monkeypatch.setenv("STRATA_ATTN_BLOCK_T", "128")
     monkeypatch.setenv("STRATA_ATTN_STAGES", "2")
     monkeypatch.setenv("STRATA_SPLIT_LEN", "128")

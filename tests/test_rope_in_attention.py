@@ -1,9 +1,12 @@
 """STRATA_ROPE_IN_ATTENTION: the paged decode attention kernel rotates q and writes the new token's
 rotated K and its V itself (`new_kv`), instead of `rotary_kv_write` launching first.
 
-Held to the two launches it replaces, bit for bit: the output, both caches (every slot, NaN where
-nothing was written) and q (left unrotated). The rotation is the same fp32 arithmetic in the same
-order (`rotary_kv.rope_rotate`), so equality is exact, compiled or interpreted.
+Held to the two launches it replaces: the output, both caches (every slot, NaN where nothing was
+written) and q (left unrotated). The rotation is the same fp32 arithmetic in the same order
+(`rotary_kv.rope_rotate`), so in the interpreter, and compiled for 16-bit values, equality is
+exact. Compiled in fp32 it is not: Triton contracts the rotation's multiplies and adds into FMAs per
+kernel, and the two kernels' contractions can round a rotated K an ulp apart (H100, 2026-12-06: 4
+to 26 of 30-60k cache values, by 1.2e-7 to 2.4e-7), so fp32 on CUDA is held to 1e-6.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ NAN = float("nan")
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
+    tol = 1e-6 if DEVICE == "cuda" and got.dtype == torch.float32 else 0.0  # see the module's docstring
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
 def run_both(
