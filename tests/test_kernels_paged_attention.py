@@ -209,6 +209,16 @@ def test_default_launch():
     assert default_launch(64, 2, 0) == (64, None)  # unknown (the CPU): the tile from before
 
 
+@cuda_only
+def test_default_launch_reads_this_gpus_shared_memory():
+    from strata.kernels.paged_attention import _shared_memory
+
+    shared = _shared_memory(torch.device("cuda", 0))
+    assert shared >= 48 * 1024
+    if torch.cuda.get_device_capability() >= (9, 0):  # Hopper: the long tile for 16-bit caches
+        assert default_launch(128, 2, shared) == (128, 2)
+
+
 def test_attention_launch_env(monkeypatch):
     from strata import env
 

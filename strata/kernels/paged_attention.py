@@ -266,10 +266,12 @@ def _merge_chunks(
 
 @functools.cache
 def _shared_memory(device: torch.device) -> int:
-    """A block's opt-in shared memory on `device` in bytes; 0 where unknown (the CPU, an older torch)."""
+    """The shared memory a block may take on `device`, in bytes, as Triton's launch checks it (232,448
+    on an H100); 0 on the CPU."""
     if device.type != "cuda":
         return 0
-    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
 
 
 def default_launch(head_dim: int, element_size: int, shared_memory: int) -> tuple[int, int | None]:
