@@ -36,7 +36,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_kernels import add_smoke_and_out, copy_ceiling_gbs, smoke_or_cuda  # noqa: E402
+from gpu_kernels import add_smoke_and_out, attention_reference, copy_ceiling_gbs, smoke_or_cuda  # noqa: E402
 from gpu_matvec_graph import graph_call_us  # noqa: E402
 
 from strata.kernels.paged_attention import choose_num_splits, paged_decode_attention  # noqa: E402
@@ -81,27 +81,23 @@ def make_layers(heads: int, kv_heads: int, dim: int, layers: int, batch: int, ct
 
 
 def reference(q, k_cache, v_cache, tables, ctx: int) -> torch.Tensor:
-    """float32 attention over each sequence's ctx positions (GQA by repeating KV heads)."""
+    """float32 attention over each sequence's ctx positions, gathered from the paged cache."""
     pos = torch.arange(ctx, device=q.device)
     slots = tables[:, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE  # (batch, ctx)
-    g = q.shape[1] // k_cache.shape[1]
-    k = k_cache[slots].float().repeat_interleave(g, 2)  # (batch, ctx, heads, dim)
-    v = v_cache[slots].float().repeat_interleave(g, 2)
-    s = torch.einsum("bhd,bthd->bht", q.float(), k) * q.shape[2] ** -0.5
-    return torch.einsum("bht,bthd->bhd", s.softmax(-1), v)
+    k_seq, v_seq = (cache[slots].permute(0, 2, 1, 3) for cache in (k_cache, v_cache))
+    return attention_reference(q, k_seq, v_seq)
 
 
-def sweep_case(name: str, shape: tuple, configs: list[tuple], device: str, sms: int) -> tuple[list, str]:
-    """Each config (splits or 0 for the chosen count, block_t, warps, stages) checked, then timed: the
-    results and the case's table row."""
+def sweep_case(name: str, shape: tuple, configs: list[tuple], device: str, chosen: int) -> tuple[list, str]:
+    """Each config (splits, block_t, warps, stages) checked, then timed, after the launch from before
+    at `chosen` splits: the results and the case's table row."""
     heads, kv_heads, dim, layers, batch, ctx = shape
     q, tables, lens, caches = make_layers(heads, kv_heads, dim, layers, batch, ctx, device)
     ref = reference(q, *caches[0], tables, ctx)
     tol = 4 * torch.finfo(torch.bfloat16).eps * ref.abs().max().item()
-    chosen = choose_num_splits(batch, kv_heads, ctx, sms)
     out = torch.empty_like(q)
     results, timed = [], {}
-    for config in dict.fromkeys((n or chosen, t, w, st) for n, t, w, st in [(0, 64, 4, 0), *configs]):
+    for config in dict.fromkeys([(chosen, 64, 4, 0), *configs]):
         n, block_t, warps, stages = config
         launch = partial(
             paged_decode_attention, q, block_tables=tables, context_lens=lens, block_size=BLOCK_SIZE,
@@ -165,7 +161,7 @@ def main() -> int:
         chosen = choose_num_splits(batch, kv_heads, ctx, sms)
         splits = ints(args.splits) or sorted({max(1, chosen // 2), chosen, 2 * chosen, 4 * chosen})
         grid = itertools.product(splits, ints(args.block_t), ints(args.warps), ints(args.stages))
-        case_results, row = sweep_case(name, shape, list(grid), device, sms)
+        case_results, row = sweep_case(name, shape, list(grid), device, chosen)
         results += case_results
         table.append(row)
     print(f"\ncopy ceiling {ceiling:.0f} GB/s")

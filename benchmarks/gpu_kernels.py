@@ -191,6 +191,14 @@ def run_matvec(args: argparse.Namespace, device: str, sms: int, log: Log) -> lis
     return rows
 
 
+def attention_reference(q: torch.Tensor, k_seq: torch.Tensor, v_seq: torch.Tensor) -> torch.Tensor:
+    """float32 softmax attention of q (batch, heads, dim) over contiguous K/V (batch, kv_heads, ctx,
+    dim), scaled by 1/sqrt(dim); GQA by repeating each KV head for its query heads."""
+    g = q.shape[1] // k_seq.shape[1]
+    s = torch.einsum("bhd,bhtd->bht", q.float(), k_seq.float().repeat_interleave(g, 1)) * q.shape[2] ** -0.5
+    return torch.einsum("bht,bhtd->bhd", s.softmax(-1), v_seq.float().repeat_interleave(g, 1))
+
+
 def run_attention(args: argparse.Namespace, device: str, sms: int, log: Log) -> list[Row]:
     rows: list[Row] = []
     gen = torch.Generator(device=device).manual_seed(1)
@@ -217,9 +225,7 @@ def run_attention(args: argparse.Namespace, device: str, sms: int, log: Log) -> 
         k_seq = k_cache[slots].permute(0, 2, 1, 3).contiguous()  # (batch, kv_heads, ctx, dim)
         v_seq = v_cache[slots].permute(0, 2, 1, 3).contiguous()
         scale = dim**-0.5
-        g = heads // kv_heads
-        s = torch.einsum("bhd,bhtd->bht", q.float(), k_seq.float().repeat_interleave(g, 1)) * scale
-        ref = torch.einsum("bht,bhtd->bhd", s.softmax(-1), v_seq.float().repeat_interleave(g, 1))
+        ref = attention_reference(q, k_seq, v_seq)
         ref_scale = ref.abs().flatten(1).amax(1)
         q4 = q.unsqueeze(2)
         sdpa = partial(F.scaled_dot_product_attention, q4, k_seq, v_seq, scale=scale, enable_gqa=True)
