@@ -141,28 +141,37 @@ def measure(
             "ratio": value / peer if peer else None}  # fmt: skip
 
 
-def profile_kernels(folder: Path, short: str, out: Path | None, prefill: int = 0) -> None:
-    """Kernel time per decode step, eager (no graphs) so the profiler sees each launch: the sum of
-    GPU time per step is what a captured graph cannot go below. With `prefill`, the kernels of a
-    prefill of that many tokens instead (one "step")."""
+def profile_kernels(folder: Path, short: str, out: Path | None, prefill: int = 0, batch: int = 1) -> None:
+    """Kernel time per decode step of `batch` sequences, eager (no graphs) so the profiler sees each
+    launch: the sum of GPU time per step is what a captured graph cannot go below. Only the second
+    half of the decode steps counts, so the prompts' prefill is left out. With `prefill`, the
+    kernels of a prefill of that many tokens instead (one "step")."""
     path = synth(f"qwen2.5-{short}", folder)
     run = runner(path, "cuda", "bfloat16", graphs=False)
-    workload = Workload("prefill", prompt_len=prefill) if prefill else Workload("decode", prompt_len=8)
+    if prefill:
+        workload = Workload("prefill", prompt_len=prefill)
+    else:
+        workload = Workload("decode", prompt_len=128 if batch > 1 else 8, new_tokens=32, batch=batch)
     prompts = prompts_for(path, workload)
     run.run(workload, prompts)
     activities = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         run.run(workload, prompts)
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
-    events.sort(key=lambda e: -e.device_time_total)
-    steps = 1 if prefill else workload.new_tokens + 1
-    total = sum(e.device_time_total for e in events) / steps
-    launches = sum(e.count for e in events) / steps
-    what = f"prefill of {prefill}" if prefill else f"step ({steps} steps)"
-    lines = [f"{short}: {total:,.0f} us of kernels and {launches:,.0f} launches per {what}"]
-    lines += [
-        f"  {e.device_time_total / steps:8.1f} us {e.count / steps:6.1f}x  {e.key[:90]}" for e in events[:14]
-    ]
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: e.time_range.start)
+    ends = [i for i, e in enumerate(kernels) if "ArgMax" in e.name]
+    steps = 1
+    if not prefill and len(ends) >= 3:  # the steps from the middle argmax to the last
+        steps = len(ends) - 1 - len(ends) // 2
+        kernels = kernels[ends[len(ends) // 2] + 1 : ends[-1] + 1]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    events = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    total = sum(map(sum, by_name.values())) / steps
+    what = f"prefill of {prefill}" if prefill else f"step of {batch} sequence(s) ({steps} steps)"
+    lines = [f"{short}: {total:,.0f} us of kernels and {len(kernels) / steps:,.0f} launches per {what}"]
+    lines += [f"  {sum(t) / steps:8.1f} us {len(t) / steps:6.1f}x  {name[:90]}" for name, t in events[:16]]
     step = [] if prefill else one_step(prof)
     if step:
         order = f"in order (the first 32 and the last 8 of {len(step)})"
@@ -173,7 +182,7 @@ def profile_kernels(folder: Path, short: str, out: Path | None, prefill: int = 0
     if out:
         out.mkdir(parents=True, exist_ok=True)
         table = prof.key_averages().table(row_limit=60)
-        name = f"profile_{short}{'_prefill' if prefill else ''}.txt"
+        name = f"profile_{short}{'_prefill' if prefill else ''}{f'_b{batch}' if batch > 1 else ''}.txt"
         (out / name).write_text(text + "\n\n" + table + "\n\n" + "\n".join(step))
 
 
@@ -200,6 +209,7 @@ def main() -> int:
     p.add_argument("--skip-parity", action="store_true")
     p.add_argument("--profile", default="", help="layouts whose eager decode step is profiled, e.g. 0.5b,7b")
     p.add_argument("--profile-prefill", type=int, default=0, help="profile a prefill of this many tokens")
+    p.add_argument("--profile-batch", type=int, default=1, help="profile decode steps of this many sequences")
     p.add_argument("--folder", type=Path, default=Path("/tmp/strata-synth"))
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = p.parse_args()
@@ -212,7 +222,7 @@ def main() -> int:
         traceback.print_exc()
     for short in filter(None, args.profile.split(",")):
         try:
-            profile_kernels(args.folder, short, args.out, args.profile_prefill)
+            profile_kernels(args.folder, short, args.out, args.profile_prefill, args.profile_batch)
         except Exception:
             traceback.print_exc()
     rows = speed(args.folder, args.layouts.split(","), args.cases.split(","), args.repeats)

@@ -165,6 +165,17 @@ def dense_copy() -> str:
     return _level("STRATA_DENSE_COPY", "auto", ("auto", "0", "1"))
 
 
+def dense_wide() -> bool:
+    """STRATA_DENSE_WIDE=1 (opt-in until timed): STRATA_DENSE_COPY covers the wide weights too (16,384
+    outputs or more: the 7B's gate+up) but the output head, and a wide weight with a copy multiplies
+    batches of STRATA_DENSE_ROWS rows or more with cuBLAS instead of the fused matmul. The 7B's
+    64-sequence step on the H100 spent 3.0 of 6.9 ms in gate+up through the fused matmul (2026-12-06
+    profile); their bf16 copies cost 7.6 GB. With the head copied too (H100, the same ids): the 7B's 64
+    sequences 1.083x, its prefill of 2,048 1.065x, but the 0.5B's 64 sequences 0.846x (its only wide
+    weight is the head)."""
+    return _level("STRATA_DENSE_WIDE", "0", ("0", "1")) == "1"
+
+
 def concurrent_projections() -> bool:
     """STRATA_CONCURRENT_PROJECTIONS=1 (opt-in until timed): on the GPU kernel path, a decode step's
     projections of one input that are separate launches (parts of different quant types, e.g. the

@@ -53,6 +53,25 @@ def test_wide_weights_keep_no_copy(monkeypatch):
     raw = random_weight(T.Q8_0, n, k, seed=3).to(DEVICE)
     layer = QuantLinear(raw, T.Q8_0, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True))
     assert layer.dense is None
+    assert layer.dense_rows == 65  # the fused matmul at 64 rows
+
+
+def test_wide_weights_copy_under_dense_wide(monkeypatch):
+    # STRATA_DENSE_WIDE=1: the wide weight keeps a copy too, and 64 rows read it with cuBLAS.
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    monkeypatch.setenv("STRATA_DENSE_WIDE", "1")
+    n, k = WIDE_ROWS, 32
+    raw = random_weight(T.Q8_0, n, k, seed=3).to(DEVICE)
+    layer = QuantLinear(raw, T.Q8_0, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True))
+    assert layer.dense is not None and layer.dense.shape == (n, k)
+    assert layer.dense_rows == 64
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEVICE)
+    expected = torch.nn.functional.linear(x, dequant_packed.dequantize_packed(layer.packed, torch.bfloat16))
+    assert torch.equal(layer(x), expected)
+    head = QuantLinear(
+        raw, T.Q8_0, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True), head=True
+    )
+    assert head.dense is None and head.dense_rows == 65  # the output head keeps the fused matmul
 
 
 def test_stacked_layers_stack_their_copies(monkeypatch):

@@ -243,9 +243,10 @@ def test_gpu_concurrent_projections_keep_the_tokens(monkeypatch, tmp_path: Path)
 
 def one_row_logits(monkeypatch, path: Path, **engine: object) -> tuple[list[int], list[torch.Tensor]]:
     """One prompt's 32 greedy tokens on the GPU in bf16 (every decode step one row) and the logits the
-    sampler got at each step."""
+    sampler got at each step (steps one at a time: a run of decode steps takes its argmax on the device)."""
     import strata.engine.llm_engine as llm_engine
 
+    monkeypatch.setenv("STRATA_DECODE_STEPS", "1")
     gguf = GGUFFile(path)
     model = build_model(gguf, ModelSpec.from_gguf(gguf), dtype=torch.bfloat16, device="cuda")
     e = LLMEngine(model, Tokenizer.from_gguf(gguf.metadata), EngineConfig(num_blocks=64, **engine))  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ ENV_OPTIONS = {
     "max_splits": "STRATA_MAX_SPLITS",
     "concurrent_projections": "STRATA_CONCURRENT_PROJECTIONS",
     "dense_copy": "STRATA_DENSE_COPY",
+    "dense_wide": "STRATA_DENSE_WIDE",
     "short_graphs": "STRATA_SHORT_GRAPHS",
     "decode_steps": "STRATA_DECODE_STEPS",
     "split_programs": "STRATA_SPLIT_PROGRAMS",

@@ -65,10 +65,13 @@ class QuantLinear(nn.Module):
         all_reduce: bool = False,
         pad: tuple[int, int] | None = None,
         dense: torch.Tensor | None = None,
+        head: bool = False,
     ) -> None:
         """`qweight`: the stored GGUF bytes, or a weight already packed for the kernels. `pad`: the zero
         columns (left, right) added around each input; `shape` counts them. `dense`: the STRATA_DENSE_COPY
-        copy of a packed weight when the caller has it already (made here otherwise)."""
+        copy of a packed weight when the caller has it already (made here otherwise). `head`: the model's
+        output head, which keeps no dense copy under STRATA_DENSE_WIDE (its 64-row batches ran slower
+        through cuBLAS on the copy: the 0.5B's 64 sequences 0.846x, H100)."""
         super().__init__()
         self.qtype, self.tp, self.all_reduce, self.pad = qtype, place.tp, all_reduce, pad
         self.kernels = place.kernels
@@ -88,17 +91,22 @@ class QuantLinear(nn.Module):
         # Read once per layer, not per call (the measured crossovers: strata.env.kernel_row_limits).
         self.matvec_rows, self.dense_rows = env.kernel_row_limits()
         self.act_in_quant = env.act_in_quant()
-        if self.out_features >= WIDE_ROWS:
-            # A wide weight takes the fused matmul at DENSE_ROWS rows too (H200, 7B, 64 rows: gate+up
-            # 1.67x, the output head 1.32x faster than dequantize + cuBLAS; 128 rows 0.93x, 0.85x).
-            self.dense_rows += 1
         # STRATA_DENSE_COPY: the weight dequantized once, for the batches that would dequantize it per call.
         self.dense = dense
         narrow = self.out_features < WIDE_ROWS
-        if dense is None and self.packed is not None and narrow and self._copies(place):
+        if (
+            dense is None
+            and self.packed is not None
+            and (narrow or (env.dense_wide() and not head))
+            and self._copies(place)
+        ):
             from strata.kernels.dequant_packed import dequantize_packed
 
             self.dense = dequantize_packed(self.packed, place.dtype)
+        if not narrow and self.dense is None:
+            # A wide weight takes the fused matmul at DENSE_ROWS rows too (H200, 7B, 64 rows: gate+up
+            # 1.67x, the output head 1.32x faster than dequantize + cuBLAS; 128 rows 0.93x, 0.85x).
+            self.dense_rows += 1
 
     def _copies(self, place: Placement) -> bool:
         """Whether this weight keeps a dense copy (STRATA_DENSE_COPY): `auto` on a GPU with room for it."""
@@ -124,11 +132,13 @@ class QuantLinear(nn.Module):
         raw, shape = gguf.tensor_bytes(info.name), (out_features, in_features)
         split = split_of(name) if place.tp.size > 1 else None
         if split is None:
-            return cls(raw, info.qtype, shape, place, bias)
+            return cls(raw, info.qtype, shape, place, bias, head=name == "output")
         part = part_of(gguf.tensors, name, place.tp)
         raw, shape = shard_matrix(raw, info.qtype, shape, split, part)
         bias = shard_bias(bias, split, part, place.tp)
-        return cls(raw, info.qtype, shape, place, bias, all_reduce=split == "in", pad=part.pad)
+        return cls(
+            raw, info.qtype, shape, place, bias, all_reduce=split == "in", pad=part.pad, head=name == "output"
+        )
 
     def forward(
         self,
