@@ -154,7 +154,7 @@ def rope_in_attention() -> bool:
 
 def dense_copy() -> str:
     """STRATA_DENSE_COPY (default auto; 0 or 1 for never or always): on the GPU kernel path each quantized
-    weight of fewer than 16,384 outputs (the 7B's q, k, v, o and down; not gate+up or the output head)
+    weight of fewer than 16,384 outputs (the 7B's q, k, v, o and down; wider ones as `dense_wide` says)
     also keeps a dequantized copy in the compute dtype, which batches of STRATA_DENSE_ROWS rows or more
     multiply with cuBLAS directly instead of dequantizing the weight on every call: the same values,
     more memory (the 7B: about 5.4 GB in bf16) for less traffic per batched step (2 bytes a weight read
@@ -165,15 +165,16 @@ def dense_copy() -> str:
     return _level("STRATA_DENSE_COPY", "auto", ("auto", "0", "1"))
 
 
-def dense_wide() -> bool:
-    """STRATA_DENSE_WIDE=1 (opt-in until timed): STRATA_DENSE_COPY covers the wide weights too (16,384
-    outputs or more: the 7B's gate+up) but the output head, and a wide weight with a copy multiplies
-    batches of STRATA_DENSE_ROWS rows or more with cuBLAS instead of the fused matmul. The 7B's
-    64-sequence step on the H100 spent 3.0 of 6.9 ms in gate+up through the fused matmul (2026-12-06
-    profile); their bf16 copies cost 7.6 GB. With the head copied too (H100, the same ids): the 7B's 64
-    sequences 1.083x, its prefill of 2,048 1.065x, but the 0.5B's 64 sequences 0.846x (its only wide
-    weight is the head)."""
-    return _level("STRATA_DENSE_WIDE", "0", ("0", "1")) == "1"
+def dense_wide() -> str:
+    """STRATA_DENSE_WIDE (default auto; 0 or 1 for none or all): which wide weights (16,384 outputs or
+    more: the output head, the 7B's gate+up) STRATA_DENSE_COPY covers too. A wide weight with a copy
+    multiplies batches of STRATA_DENSE_ROWS rows or more with cuBLAS instead of the fused matmul. `auto`
+    takes those of the types whose fused matmul is bound by decoding them, not by their bytes (all but
+    `strata.layers.linear.CHEAP_DECODE`: Q4_0, Q5_0, Q8_0). Measured (H100, 2026-12-06, `strata bench ab`,
+    64 sequences, the same ids): the 7B's gate+up copied 1.025x (its prefill of 2,048 1.048x), its Q6_K
+    head on top 1.060x (9,023 tok/s); the 1.5B's Q6_K head 1.096x; the 0.5B's Q8_0 head 0.974x (a noisy
+    0.78-1.10). The copies cost the 7B 8.7 GB (gate+up 7.6, the head 1.1), the 1.5B 0.47 GB."""
+    return _level("STRATA_DENSE_WIDE", "auto", ("auto", "0", "1"))
 
 
 def concurrent_projections() -> bool:

@@ -46,32 +46,41 @@ def test_batches_read_the_copy_with_the_same_results(monkeypatch, qtype: GGMLQua
     assert torch.equal(layer(x), expected)
 
 
-def test_wide_weights_keep_no_copy(monkeypatch):
-    # gate+up and the output head keep the fused matmul at 64 rows; a copy of them would be large.
+def test_wide_weights_keep_no_copy_where_set_off(monkeypatch):
+    # STRATA_DENSE_WIDE=0: gate+up and the output head keep the fused matmul at 64 rows.
     monkeypatch.setenv("STRATA_DENSE_COPY", "1")
-    n, k = WIDE_ROWS, 32
-    raw = random_weight(T.Q8_0, n, k, seed=3).to(DEVICE)
-    layer = QuantLinear(raw, T.Q8_0, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True))
+    monkeypatch.setenv("STRATA_DENSE_WIDE", "0")
+    layer = wide_layer(T.Q4_K)
     assert layer.dense is None
     assert layer.dense_rows == 65  # the fused matmul at 64 rows
 
 
-def test_wide_weights_copy_under_dense_wide(monkeypatch):
-    # STRATA_DENSE_WIDE=1: the wide weight keeps a copy too, and 64 rows read it with cuBLAS.
+def wide_layer(qtype: GGMLQuantizationType) -> QuantLinear:
+    n, k = WIDE_ROWS, 256
+    raw = random_weight(qtype, n, k, seed=3).to(DEVICE)
+    return QuantLinear(raw, qtype, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True))
+
+
+@pytest.mark.parametrize("setting", ["auto", "1"])
+def test_wide_k_quant_weights_copy(monkeypatch, setting: str):
+    # A wide K-quant weight keeps a copy under auto and 1, and 64 rows read it with cuBLAS.
     monkeypatch.setenv("STRATA_DENSE_COPY", "1")
-    monkeypatch.setenv("STRATA_DENSE_WIDE", "1")
-    n, k = WIDE_ROWS, 32
-    raw = random_weight(T.Q8_0, n, k, seed=3).to(DEVICE)
-    layer = QuantLinear(raw, T.Q8_0, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True))
-    assert layer.dense is not None and layer.dense.shape == (n, k)
+    monkeypatch.setenv("STRATA_DENSE_WIDE", setting)
+    layer = wide_layer(T.Q4_K)
+    assert layer.dense is not None and layer.dense.shape == (WIDE_ROWS, 256)
     assert layer.dense_rows == 64
-    x = torch.randn(64, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEVICE)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEVICE)
     expected = torch.nn.functional.linear(x, dequant_packed.dequantize_packed(layer.packed, torch.bfloat16))
     assert torch.equal(layer(x), expected)
-    head = QuantLinear(
-        raw, T.Q8_0, (n, k), Placement(torch.bfloat16, torch.device(DEVICE), kernels=True), head=True
-    )
-    assert head.dense is None and head.dense_rows == 65  # the output head keeps the fused matmul
+
+
+def test_wide_cheap_types_copy_only_when_asked(monkeypatch):
+    # Q8_0's fused matmul runs near its bytes' speed: auto keeps its wide weights (the 0.5B's head) fused.
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    monkeypatch.setenv("STRATA_DENSE_WIDE", "auto")
+    assert wide_layer(T.Q8_0).dense is None
+    monkeypatch.setenv("STRATA_DENSE_WIDE", "1")
+    assert wide_layer(T.Q8_0).dense is not None
 
 
 def test_stacked_layers_stack_their_copies(monkeypatch):

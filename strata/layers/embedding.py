@@ -84,7 +84,7 @@ class QuantEmbedding(nn.Module):
         vocab, hidden = self.shape
         table = self.packed if self.packed is not None else self.qweight
         assert table is not None
-        return QuantLinear(table, self.qtype, (vocab, hidden), self.place, head=True)
+        return QuantLinear(table, self.qtype, (vocab, hidden), self.place)
 
 
 def _has_gather_kernel(qtype: GGMLQuantizationType) -> bool:

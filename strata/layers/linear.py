@@ -28,8 +28,12 @@ if TYPE_CHECKING:
 WIDE_ROWS = 16384
 # STRATA_DENSE_COPY=auto keeps a weight's dense copy while this share of the GPU's memory stays free
 # after it: room for the KV cache, the CUDA graphs and the activations. An 80 GB GPU keeps all of a
-# 7B's (about 5.4 GB); a 16 GB one keeps them until the weights and copies reach 8 GB.
+# 7B's (about 14 GB); a 16 GB one keeps them until the weights and copies reach 8 GB.
 DENSE_COPY_FREE_SHARE = 0.5
+# Types the fused matmul decodes in a few operations a weight, near the bytes' speed: a wide weight of
+# these keeps no dense copy under STRATA_DENSE_WIDE=auto (the 0.5B's Q8_0 output head at 64 sequences
+# 0.974x with one, H100; the K-quant heads and gate+up gained: `strata.env.dense_wide`).
+CHEAP_DECODE = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0})
 
 
 def dense_copy_fits(nbytes: int, free: int, total: int) -> bool:
@@ -45,8 +49,9 @@ class QuantLinear(nn.Module):
     into aligned planes, the same bytes): up to `matvec_rows` rows go through the fused dequant
     matvec, more through the fused dequant matmul, and from `dense_rows` rows on the weight is
     dequantized on the fly for cuBLAS (both from `strata.env.kernel_row_limits`: 4 and 64 by default;
-    a wide weight, `WIDE_ROWS` outputs or more, keeps the matmul at 64 rows too), or, with
-    a dense copy (STRATA_DENSE_COPY) and fewer outputs, read from that copy, dequantized at build time.
+    a wide weight, `WIDE_ROWS` outputs or more, without a copy keeps the matmul at 64 rows too), or,
+    with a dense copy (STRATA_DENSE_COPY; STRATA_DENSE_WIDE for the wide ones), read from that copy,
+    dequantized at build time.
     Types without a fused kernel keep a dense weight.
 
     Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
@@ -65,13 +70,10 @@ class QuantLinear(nn.Module):
         all_reduce: bool = False,
         pad: tuple[int, int] | None = None,
         dense: torch.Tensor | None = None,
-        head: bool = False,
     ) -> None:
         """`qweight`: the stored GGUF bytes, or a weight already packed for the kernels. `pad`: the zero
         columns (left, right) added around each input; `shape` counts them. `dense`: the STRATA_DENSE_COPY
-        copy of a packed weight when the caller has it already (made here otherwise). `head`: the model's
-        output head, which keeps no dense copy under STRATA_DENSE_WIDE (its 64-row batches ran slower
-        through cuBLAS on the copy: the 0.5B's 64 sequences 0.846x, H100)."""
+        copy of a packed weight when the caller has it already (made here otherwise)."""
         super().__init__()
         self.qtype, self.tp, self.all_reduce, self.pad = qtype, place.tp, all_reduce, pad
         self.kernels = place.kernels
@@ -97,7 +99,7 @@ class QuantLinear(nn.Module):
         if (
             dense is None
             and self.packed is not None
-            and (narrow or (env.dense_wide() and not head))
+            and (narrow or self._copies_wide())
             and self._copies(place)
         ):
             from strata.kernels.dequant_packed import dequantize_packed
@@ -107,6 +109,12 @@ class QuantLinear(nn.Module):
             # A wide weight takes the fused matmul at DENSE_ROWS rows too (H200, 7B, 64 rows: gate+up
             # 1.67x, the output head 1.32x faster than dequantize + cuBLAS; 128 rows 0.93x, 0.85x).
             self.dense_rows += 1
+
+    def _copies_wide(self) -> bool:
+        """Whether this wide weight may keep a dense copy (STRATA_DENSE_WIDE): under `auto`, one of a type
+        whose fused matmul is bound by decoding it (the K-quants, the IQ types)."""
+        setting = env.dense_wide()
+        return setting == "1" or (setting == "auto" and self.qtype not in CHEAP_DECODE)
 
     def _copies(self, place: Placement) -> bool:
         """Whether this weight keeps a dense copy (STRATA_DENSE_COPY): `auto` on a GPU with room for it."""
@@ -132,13 +140,11 @@ class QuantLinear(nn.Module):
         raw, shape = gguf.tensor_bytes(info.name), (out_features, in_features)
         split = split_of(name) if place.tp.size > 1 else None
         if split is None:
-            return cls(raw, info.qtype, shape, place, bias, head=name == "output")
+            return cls(raw, info.qtype, shape, place, bias)
         part = part_of(gguf.tensors, name, place.tp)
         raw, shape = shard_matrix(raw, info.qtype, shape, split, part)
         bias = shard_bias(bias, split, part, place.tp)
-        return cls(
-            raw, info.qtype, shape, place, bias, all_reduce=split == "in", pad=part.pad, head=name == "output"
-        )
+        return cls(raw, info.qtype, shape, place, bias, all_reduce=split == "in", pad=part.pad)
 
     def forward(
         self,
