@@ -83,14 +83,19 @@ def test_wide_cheap_types_copy_only_when_asked(monkeypatch):
     assert wide_layer(T.Q8_0).dense is not None
 
 
-def test_stacked_layers_stack_their_copies(monkeypatch):
+@pytest.mark.parametrize(
+    "qtype,k,sizes",
+    [(T.Q8_0, 64, (48, 16)), (T.Q4_K, 256, (WIDE_ROWS // 2, WIDE_ROWS // 2))],
+    ids=["qkv", "wide"],
+)
+def test_stacked_layers_stack_their_copies(
+    monkeypatch, qtype: GGMLQuantizationType, k: int, sizes: tuple[int, ...]
+):
     # q, k and v of one type become one layer; its copy is theirs stacked, not a second dequantization.
+    # So do gate and up, whose stack is wide (the 7B's: two of 18,944 rows).
     monkeypatch.setenv("STRATA_DENSE_COPY", "1")
     place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
-    k = 64
-    layers = [
-        QuantLinear(random_weight(T.Q8_0, n, k, seed=n).to(DEVICE), T.Q8_0, (n, k), place) for n in (48, 16)
-    ]
+    layers = [QuantLinear(random_weight(qtype, n, k, seed=n).to(DEVICE), qtype, (n, k), place) for n in sizes]
     fresh = dequant_packed.dequantize_packed
 
     def never(*args, **kwargs):

@@ -36,6 +36,13 @@ DENSE_COPY_FREE_SHARE = 0.5
 CHEAP_DECODE = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0})
 
 
+def copies_wide(qtype: GGMLQuantizationType) -> bool:
+    """Whether a wide weight of this type may keep a dense copy (STRATA_DENSE_WIDE): under `auto`, one of
+    a type whose fused matmul is bound by decoding it (the K-quants, the IQ types)."""
+    setting = env.dense_wide()
+    return setting == "1" or (setting == "auto" and qtype not in CHEAP_DECODE)
+
+
 def dense_copy_fits(nbytes: int, free: int, total: int) -> bool:
     """Whether a dense copy of `nbytes` leaves DENSE_COPY_FREE_SHARE of a GPU's `total` bytes free."""
     return free - nbytes >= DENSE_COPY_FREE_SHARE * total
@@ -99,7 +106,7 @@ class QuantLinear(nn.Module):
         if (
             dense is None
             and self.packed is not None
-            and (narrow or self._copies_wide())
+            and (narrow or copies_wide(qtype))
             and self._copies(place)
         ):
             from strata.kernels.dequant_packed import dequantize_packed
@@ -109,12 +116,6 @@ class QuantLinear(nn.Module):
             # A wide weight takes the fused matmul at DENSE_ROWS rows too (H200, 7B, 64 rows: gate+up
             # 1.67x, the output head 1.32x faster than dequantize + cuBLAS; 128 rows 0.93x, 0.85x).
             self.dense_rows += 1
-
-    def _copies_wide(self) -> bool:
-        """Whether this wide weight may keep a dense copy (STRATA_DENSE_WIDE): under `auto`, one of a type
-        whose fused matmul is bound by decoding it (the K-quants, the IQ types)."""
-        setting = env.dense_wide()
-        return setting == "1" or (setting == "auto" and self.qtype not in CHEAP_DECODE)
 
     def _copies(self, place: Placement) -> bool:
         """Whether this weight keeps a dense copy (STRATA_DENSE_COPY): `auto` on a GPU with room for it."""
@@ -256,7 +257,7 @@ def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
         bias = torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
     # The parts' dense copies stacked like their planes (the same values), not dequantized again.
     dense = None
-    if n < WIDE_ROWS and all(x.dense is not None for x in layers):
+    if (n < WIDE_ROWS or copies_wide(first.qtype)) and all(x.dense is not None for x in layers):
         dense = torch.cat([x.dense for x in layers if x.dense is not None])
     return QuantLinear(packed, first.qtype, (n, first.in_features), place, bias, dense=dense)
 
