@@ -177,6 +177,15 @@ def dense_wide() -> str:
     return _level("STRATA_DENSE_WIDE", "auto", ("auto", "0", "1"))
 
 
+def dense_stack() -> bool:
+    """STRATA_DENSE_STACK=1 (opt-in until timed): projections of one input whose parts all keep dense
+    copies (q+k and v of other quant types, as in the 1.5B and 7B) multiply batches of STRATA_DENSE_ROWS
+    rows or more as one cuBLAS matmul over the copies side by side (the parts' copies become views of
+    it: no more memory). The 7B's 64-sequence step ran q+k and v as two matmuls and a split-K reduce,
+    24 us a layer for 33 MB of bf16 weights (H100, 2026-12-06 profile)."""
+    return _level("STRATA_DENSE_STACK", "0", ("0", "1")) == "1"
+
+
 def concurrent_projections() -> bool:
     """STRATA_CONCURRENT_PROJECTIONS=1 (opt-in until timed): on the GPU kernel path, a decode step's
     projections of one input that are separate launches (parts of different quant types, e.g. the

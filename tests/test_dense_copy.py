@@ -14,8 +14,9 @@ import pytest  # noqa: E402
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
 import strata.kernels.dequant_packed as dequant_packed  # noqa: E402
+import strata.layers.linear as linear_module  # noqa: E402
 from strata import env  # noqa: E402
-from strata.layers.linear import WIDE_ROWS, QuantLinear, dense_copy_fits, stack_rows  # noqa: E402
+from strata.layers.linear import WIDE_ROWS, Projections, QuantLinear, dense_copy_fits, stack_rows  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
 from tests.test_kernels_quant_matvec import random_weight  # noqa: E402
 
@@ -124,3 +125,45 @@ def test_auto_keeps_none_off_the_gpu(monkeypatch):
     monkeypatch.setenv("STRATA_DENSE_COPY", "always")
     with pytest.raises(ValueError, match="'always' must be auto, 0 or 1; unset it for auto"):
         env.dense_copy()
+
+
+def test_dense_stack_runs_the_parts_as_one_matmul(monkeypatch):
+    # STRATA_DENSE_STACK=1: q+k (Q8_0, stacked by type) and v (Q4_K) keep one copy side by side; 64 rows
+    # run one matmul over it, with the parts' biases, and each part's copy is a view of it (no memory).
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
+    k = 256
+    types = {"q": (T.Q8_0, 48, True), "k": (T.Q8_0, 16, True), "v": (T.Q4_K, 32, False)}
+    layers = {
+        name: QuantLinear(
+            random_weight(t, n, k, seed=n).to(DEVICE), t, (n, k), place, torch.randn(n) if b else None
+        )
+        for name, (t, n, b) in types.items()
+    }
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(DEVICE)
+    monkeypatch.setenv("STRATA_DENSE_STACK", "0")
+    apart = Projections(layers, place)
+    expected = apart(x)
+    monkeypatch.setenv("STRATA_DENSE_STACK", "1")
+    stacked = Projections(layers, place)
+    assert stacked.stacked is not None
+    copy, bias, rows = stacked.stacked
+    assert copy.shape == (96, k) and bias is not None and bias.shape == (96,) and rows == 64
+    storage = copy.untyped_storage().data_ptr()
+    assert all(
+        p.dense is not None and p.dense.untyped_storage().data_ptr() == storage
+        for p in stacked.parts.values()
+    )
+    calls: list[int] = []
+    real = linear_module.F.linear
+    monkeypatch.setattr(linear_module.F, "linear", lambda *a: calls.append(1) or real(*a))
+    got = stacked(x)
+    assert len(calls) == 1
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    want = torch.nn.functional.linear(x, copy, bias).split([48, 16, 32], dim=-1)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    for g, e in zip(got, expected, strict=True):  # the same values; a matmul over more rows may round apart
+        torch.testing.assert_close(g.float(), e.float(), rtol=1e-2, atol=1e-2)
+    calls.clear()
+    one = stacked(x[:1])  # one row: the fused matvecs, as before
+    assert not calls and all(torch.equal(a, b) for a, b in zip(one, apart(x[:1]), strict=True))

@@ -23,6 +23,7 @@ ENV_OPTIONS = {
     "concurrent_projections": "STRATA_CONCURRENT_PROJECTIONS",
     "dense_copy": "STRATA_DENSE_COPY",
     "dense_wide": "STRATA_DENSE_WIDE",
+    "dense_stack": "STRATA_DENSE_STACK",
     "short_graphs": "STRATA_SHORT_GRAPHS",
     "decode_steps": "STRATA_DECODE_STEPS",
     "split_programs": "STRATA_SPLIT_PROGRAMS",

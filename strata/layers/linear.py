@@ -269,7 +269,9 @@ class Projections(nn.Module):
     stacked rows, so one matvec launch reads them all (and a wider one keeps more SMs busy); the
     outputs are column views of its result. Parts are named by the GGUF names they hold, joined by +.
     With STRATA_CONCURRENT_PROJECTIONS=1 the parts of a decode step on a GPU run side by side on
-    streams of their own (`_side_by_side`).
+    streams of their own (`_side_by_side`). With STRATA_DENSE_STACK=1, parts that all keep dense
+    copies share one copy of their rows side by side (`_stack_copies`), which batched steps multiply
+    in one matmul.
     """
 
     def __init__(self, layers: dict[str, QuantLinear], place: Placement) -> None:
@@ -289,6 +291,9 @@ class Projections(nn.Module):
             parts["+".join(run)] = group[0] if len(group) == 1 else stack_rows(group, place)
         self.parts = nn.ModuleDict(parts)
         self.sizes = [[layers[n].out_features for n in r] for r in runs]
+        self.stacked: tuple[torch.Tensor, torch.Tensor | None, int] | None = None
+        if len(parts) > 1 and env.dense_stack():
+            self.stacked = _stack_copies(list(parts.values()), place)
         self.concurrent = place.kernels and len(runs) > 1 and env.concurrent_projections()
         self.matvec_rows = env.kernel_row_limits()[0]
 
@@ -311,7 +316,13 @@ class Projections(nn.Module):
         parts = list(self.parts.values())
         if norm is not None and not all(isinstance(p, QuantLinear) and p.takes_norm(x) for p in parts):
             x, norm = norm.normed(x), None
-        if self.concurrent and x.is_cuda and x.numel() // max(1, x.shape[-1]) <= self.matvec_rows:
+        rows = x.numel() // max(1, x.shape[-1])
+        if self.stacked is not None and rows >= self.stacked[2] and x.dtype == self.stacked[0].dtype:
+            if norm is not None:
+                x = norm.normed(x)
+            y = F.linear(x, self.stacked[0], self.stacked[1])
+            return list(y.split([n for sizes in self.sizes for n in sizes], dim=-1))
+        if self.concurrent and x.is_cuda and rows <= self.matvec_rows:
             ys = _side_by_side(x, parts, norm)
         else:
             ys = [_run(part, x, norm) for part in parts]
@@ -343,6 +354,31 @@ def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module], norm: RMSNorm | N
     for side in sides[: len(parts) - 1]:
         main.wait_stream(side)
     return ys
+
+
+def _stack_copies(
+    parts: Sequence[nn.Module], place: Placement
+) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """(copy, bias, rows) for STRATA_DENSE_STACK: the parts' dense copies side by side, their biases
+    concatenated (zeros for a part without one, None if none has one), and the rows from which every
+    part reads its copy; each part's copy becomes a view of its rows. None unless every part is a
+    whole (unsharded, unpadded) layer with a dense copy of one dtype."""
+    layers = [p for p in parts if isinstance(p, QuantLinear)]
+    if len(layers) != len(parts) or not all(
+        x.dense is not None and x.pad is None and not x.all_reduce and x.dense.dtype == place.dtype
+        for x in layers
+    ):
+        return None
+    copy = torch.cat([x.dense for x in layers if x.dense is not None])
+    start = 0
+    for x in layers:
+        x.dense = copy[start : start + x.out_features]
+        start += x.out_features
+    bias = None
+    if any(x.bias is not None for x in layers):
+        zeros = [torch.zeros(x.out_features, device=place.device, dtype=place.dtype) for x in layers]
+        bias = torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
+    return copy, bias, max(x.dense_rows for x in layers)
 
 
 def _run(part: nn.Module, x: torch.Tensor, norm: RMSNorm | None) -> torch.Tensor:
