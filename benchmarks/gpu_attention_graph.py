@@ -1,7 +1,8 @@
 """Paged decode attention as decode runs it: in a CUDA graph, one cache per layer, per launch config.
 
     python benchmarks/gpu_attention_graph.py [--cases 0.5b-32k,7b-32k] [--splits 32,64,128,256]
-        [--block-t 32,64,128] [--warps 2,4,8] [--stages 0,2,3,4] [--out DIR]
+        [--block-t 32,64,128] [--warps 2,4,8] [--stages 0,2,3,4] [--min-split-len 1,128]
+        [--bound 32768] [--out DIR]
     python benchmarks/gpu_attention_graph.py --smoke     # the script itself, in Triton's interpreter
 
 `gpu_kernels.py` times one eager launch pair (split kernel + merge) at a time, which at 20-30 us
@@ -10,8 +11,11 @@ K/V (the 0.5B at 32k: 24 layers of 16 MB, well past the 50 MB L2). So here each 
 as a graph of one call per layer, each on its own cache, and the median replay time over the calls
 is the per-layer figure. Every config is first checked against a float32 softmax reference on fresh
 random inputs, output poisoned with NaN; a failing config is not timed. Splits are used in full
-(min_split_len 1); the engine caps live splits at cdiv(context, 256) (MIN_SPLIT_LEN), so a best
-split count above that needs MIN_SPLIT_LEN lowered too. Stage 0 stands for Triton's default.
+by default (`--min-split-len 1`, as the engine runs them: the context cut into num_splits parts);
+a larger min_split_len caps a sequence's live splits at cdiv(context, it), as STRATA_LIVE_SPLITS does.
+Stage 0 stands for Triton's default. `--bound N` chooses the "before" split count for contexts of up
+to N positions, as a CUDA graph does for every context up to the sequence's most positions (the
+0.5B at 640 positions then runs 64 splits of 10 positions each); without it, for the case's context.
 
 The table lists per case the launch that was the default until 2026-12-06 (choose_num_splits,
 block_t 64, 4 warps, Triton's default stages; since then `default_launch` picks block_t 128 in two
@@ -53,6 +57,10 @@ CASES = {
     "0.5b-2k-b32": (14, 2, 64, 24, 32, 2048),
     "7b-1k": (28, 4, 128, 28, 1, 1024),
     "7b-2k-b32": (28, 4, 128, 28, 32, 2048),
+    # The contexts of `strata bench`'s decode (-p 512 -n 128) and its 64 sequences (-p 128 -n 64).
+    "0.5b-640": (14, 2, 64, 24, 1, 640),
+    "7b-640": (28, 4, 128, 28, 1, 640),
+    "7b-192-b64": (28, 4, 128, 28, 64, 192),
 }
 SMOKE_CASES = {"smoke": (4, 2, 16, 2, 2, 300)}
 BLOCK_SIZE = 16
@@ -89,20 +97,20 @@ def reference(q, k_cache, v_cache, tables, ctx: int) -> torch.Tensor:
 
 
 def sweep_case(name: str, shape: tuple, configs: list[tuple], device: str, chosen: int) -> tuple[list, str]:
-    """Each config (splits, block_t, warps, stages) checked, then timed, after the launch from before
-    at `chosen` splits: the results and the case's table row."""
+    """Each config (splits, block_t, warps, stages, min_split_len) checked, then timed, after the launch
+    from before at `chosen` splits: the results and the case's table row."""
     heads, kv_heads, dim, layers, batch, ctx = shape
     q, tables, lens, caches = make_layers(heads, kv_heads, dim, layers, batch, ctx, device)
     ref = reference(q, *caches[0], tables, ctx)
     tol = 4 * torch.finfo(torch.bfloat16).eps * ref.abs().max().item()
     out = torch.empty_like(q)
     results, timed = [], {}
-    for config in dict.fromkeys([(chosen, 64, 4, 0), *configs]):
-        n, block_t, warps, stages = config
+    for config in dict.fromkeys([(chosen, 64, 4, 0, 1), *configs]):
+        n, block_t, warps, stages, min_len = config
         launch = partial(
             paged_decode_attention, q, block_tables=tables, context_lens=lens, block_size=BLOCK_SIZE,
             num_splits=n, max_context_len=ctx, out=out, block_t=block_t, num_warps=warps,
-            num_stages=stages or None,
+            num_stages=stages or None, min_split_len=min_len,
         )  # fmt: skip
 
         def run(i: int, launch=launch) -> None:
@@ -122,16 +130,16 @@ def sweep_case(name: str, shape: tuple, configs: list[tuple], device: str, chose
             continue
         timed[config] = graph_call_us(run, layers) if device == "cuda" else 0.0
         results.append({"case": name, "config": config, "ok": True, "us": timed[config]})
-        print(f"{name} splits {n} t{block_t} w{warps} s{stages}: {timed[config]:8.2f} us")
+        print(f"{name} splits {n} t{block_t} w{warps} s{stages} m{min_len}: {timed[config]:8.2f} us")
     if not timed:
         return results, f"| {name} | no config ran |"
-    base = timed.get((chosen, 64, 4, 0), float("nan"))
+    base = timed.get((chosen, 64, 4, 0, 1), float("nan"))
     best = min(timed, key=lambda c: timed[c])
     us = timed[best] or float("nan")
     gbs = 2 * batch * ctx * kv_heads * dim * 2 / us / 1e3  # K and V, bf16
     row = (
         f"| {name} | splits {chosen} t64 w4 | {base:.2f} | splits {best[0]} t{best[1]} w{best[2]} "
-        f"s{best[3]} | {us:.2f} | {base / us:.2f}x | {gbs:.0f} |"
+        f"s{best[3]} m{best[4]} | {us:.2f} | {base / us:.2f}x | {gbs:.0f} |"
     )
     return results, row
 
@@ -145,12 +153,14 @@ def main() -> int:
     parser.add_argument("--block-t", default="32,64,128")
     parser.add_argument("--warps", default="2,4,8")
     parser.add_argument("--stages", default="0,2,3,4", help="0: Triton's default")
+    parser.add_argument("--min-split-len", default="1", help="positions a live split takes at least")
+    parser.add_argument("--bound", type=int, default=0, help="choose the split count for this many positions")
     add_smoke_and_out(parser)
     args = parser.parse_args()
     device = smoke_or_cuda(parser, args)
     cases = SMOKE_CASES if args.smoke else {name: CASES[name] for name in args.cases.split(",")}
     if args.smoke:  # a few configs: each one is interpreted
-        args.block_t, args.warps, args.stages = "16,32", "4", "0,2"
+        args.block_t, args.warps, args.stages, args.min_split_len = "16,32", "4", "2", "1,64"
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 132
     ceiling = copy_ceiling_gbs(device, args.smoke)
@@ -158,9 +168,11 @@ def main() -> int:
     results, table = [], []
     for name, shape in cases.items():
         _, kv_heads, _, _, batch, ctx = shape
-        chosen = choose_num_splits(batch, kv_heads, ctx, sms)
+        chosen = choose_num_splits(batch, kv_heads, max(ctx, args.bound), sms)
         splits = ints(args.splits) or sorted({max(1, chosen // 2), chosen, 2 * chosen, 4 * chosen})
-        grid = itertools.product(splits, ints(args.block_t), ints(args.warps), ints(args.stages))
+        grid = itertools.product(
+            splits, ints(args.block_t), ints(args.warps), ints(args.stages), ints(args.min_split_len)
+        )
         case_results, row = sweep_case(name, shape, list(grid), device, chosen)
         results += case_results
         table.append(row)
