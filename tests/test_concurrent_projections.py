@@ -22,7 +22,7 @@ def test_cpu_tensors_take_the_sequential_path(monkeypatch):
     torch.nn.Module.__init__(proj)
     proj.parts = torch.nn.ModuleDict({"attn_q+attn_k": Part(2.0), "attn_v": Part(3.0)})
     proj.sizes = [[2, 2], [4]]
-    proj.concurrent, proj.matvec_rows = True, 4
+    proj.concurrent, proj.matvec_rows, proj.stacked = True, 4, None
 
     def never(*_):
         raise AssertionError("side streams on CPU tensors")

@@ -251,10 +251,7 @@ def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
 
     n = sum(x.out_features for x in layers)
     packed = stack_packed([x.packed for x in layers if x.packed is not None])
-    bias = None
-    if any(x.bias is not None for x in layers):
-        zeros = [torch.zeros(x.out_features, device=place.device) for x in layers]
-        bias = torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
+    bias = _cat_biases(layers, place)
     # The parts' dense copies stacked like their planes (the same values), not dequantized again.
     dense = None
     if (n < WIDE_ROWS or copies_wide(first.qtype)) and all(x.dense is not None for x in layers):
@@ -374,11 +371,16 @@ def _stack_copies(
     for x in layers:
         x.dense = copy[start : start + x.out_features]
         start += x.out_features
-    bias = None
-    if any(x.bias is not None for x in layers):
-        zeros = [torch.zeros(x.out_features, device=place.device, dtype=place.dtype) for x in layers]
-        bias = torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
-    return copy, bias, max(x.dense_rows for x in layers)
+    bias = _cat_biases(layers, place)
+    return copy, None if bias is None else bias.to(place.dtype), max(x.dense_rows for x in layers)
+
+
+def _cat_biases(layers: Sequence[QuantLinear], place: Placement) -> torch.Tensor | None:
+    """The layers' biases side by side (zeros for a layer without one); None if none has one."""
+    if all(x.bias is None for x in layers):
+        return None
+    zeros = [torch.zeros(x.out_features, device=place.device) for x in layers]
+    return torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
 
 
 def _run(part: nn.Module, x: torch.Tensor, norm: RMSNorm | None) -> torch.Tensor:
