@@ -106,6 +106,26 @@ def test_batched_decode_through_the_fused_matmul(monkeypatch, tmp_path: Path) ->
     assert greedy_ids(path, "cuda" if CUDA else "cpu", kernels=True, num_tokens=3, **options) == ref
 
 
+@pytest.mark.parametrize("stack", ["0", "1"], ids=["copies", "stacked copies"])
+def test_dense_copies_match_reference(monkeypatch, stack: str, tmp_path: Path) -> None:
+    # STRATA_DENSE_COPY=1: the 66-row prefill multiplies the dense copies, decode steps the fused
+    # matvecs. No stacking by type here, so q, k, v (with qwen2's biases) and gate, up are separate
+    # parts; STRATA_DENSE_STACK=1 then runs each group as one matmul over their copies side by side.
+    import strata.layers.linear as linear
+
+    spec = SynthSpec("qwen2", hidden_size=128, ffn_size=256, num_heads=4, num_kv_heads=2, head_dim=64)
+    path = write_synthetic(tmp_path / "m.gguf", spec)
+    ref = greedy_ids(path, "cpu", kernels=False, num_tokens=3)
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    monkeypatch.setenv("STRATA_DENSE_STACK", stack)
+    monkeypatch.setattr(linear, "_stackable", lambda first, layer: False)
+    stacked, real = [], linear._stack_copies
+    monkeypatch.setattr(linear, "_stack_copies", lambda *a: stacked.append(real(*a)) or stacked[-1])
+    options = {"cuda_graphs": False, "prefill_kernel": False}
+    assert greedy_ids(path, "cuda" if CUDA else "cpu", kernels=True, num_tokens=3, **options) == ref
+    assert len(stacked) == (4 if stack == "1" else 0) and all(s is not None for s in stacked)
+
+
 # Each architecture's own pieces on the kernel path: llama's interleaved rotary, qwen3's QK-norm on
 # head views, gemma3's sandwich norms, GeGLU, tied head and sliding window (8 < the 30-token context).
 ARCH_SPECS = {
