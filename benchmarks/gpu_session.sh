@@ -105,6 +105,7 @@ if [ -n "${AB_CASES:-}" ]; then
         rm -rf /tmp/ab_case  # a failed case leaves no summary, not the previous case's
         timeout 200 python3 -m strata.cli bench ab $args --device cuda --out /tmp/ab_case 2>&1 | grep -E "tok_s|gate|rror"
         cp /tmp/ab_case/summary.json "$OUT/ab_${case%%:*}.json" 2>/dev/null
+        cp /tmp/ab_case/runs.json "$OUT/ab_${case%%:*}_runs.json" 2>/dev/null  # each run's times, for outliers
     done
 fi
 if [ -n "${NCU_CASES:-}" ]; then
