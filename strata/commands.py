@@ -13,6 +13,7 @@ from strata.engine.sampler import SamplingParams
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.gguf.summary import summarize
+from strata.layers.linear import dense_copy_bytes
 from strata.prompt.chat_template import ChatTemplate, TemplateError
 from strata.prompt.inspect_tokens import TokenRows, load_chat
 from strata.prompt.loading import load_prompt_side
@@ -122,9 +123,17 @@ def serve(
     auth = ' -H "Authorization: Bearer $STRATA_API_KEY"' if server.api_key else ""
     body = '{"messages": [{"role": "user", "content": "Write hello world in Python"}]}'
 
+    copies = dense_copy_bytes(runtime.llm.model)
+
     @runtime.app.on_event("startup")
     async def announce() -> None:
         print(f"strata: serving {model.path.name} as {server.model_name!r} on {base}", file=sys.stderr)
+        if copies:
+            print(
+                f"  dense copies of the weights for batched steps: {copies / 2**30:.1f} GiB "
+                "(STRATA_DENSE_COPY=0 leaves them out)",
+                file=sys.stderr,
+            )
         print(
             f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
             file=sys.stderr,

@@ -16,7 +16,14 @@ from gguf.constants import GGMLQuantizationType  # noqa: E402
 import strata.kernels.dequant_packed as dequant_packed  # noqa: E402
 import strata.layers.linear as linear_module  # noqa: E402
 from strata import env  # noqa: E402
-from strata.layers.linear import WIDE_ROWS, Projections, QuantLinear, dense_copy_fits, stack_rows  # noqa: E402
+from strata.layers.linear import (  # noqa: E402
+    WIDE_ROWS,
+    Projections,
+    QuantLinear,
+    dense_copy_bytes,
+    dense_copy_fits,
+    stack_rows,
+)
 from strata.layers.placement import Placement  # noqa: E402
 from tests.test_kernels_quant_matvec import random_weight  # noqa: E402
 
@@ -154,6 +161,7 @@ def test_dense_stack_runs_the_parts_as_one_matmul(monkeypatch):
         p.dense is not None and p.dense.untyped_storage().data_ptr() == storage
         for p in stacked.parts.values()
     )
+    assert dense_copy_bytes(stacked) == copy.numel() * 2  # bf16, the parts' views counted once
     calls: list[int] = []
     real = linear_module.F.linear
     monkeypatch.setattr(linear_module.F, "linear", lambda *a: calls.append(1) or real(*a))

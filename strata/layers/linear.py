@@ -43,6 +43,17 @@ def copies_wide(qtype: GGMLQuantizationType) -> bool:
     return setting == "1" or (setting == "auto" and qtype not in CHEAP_DECODE)
 
 
+def dense_copy_bytes(model: nn.Module) -> int:
+    """Bytes of the dense copies (STRATA_DENSE_COPY) that the model's layers keep, each storage once
+    (a STRATA_DENSE_STACK copy is its parts')."""
+    storages = {}
+    for layer in model.modules():
+        if isinstance(layer, QuantLinear) and layer.dense is not None:
+            storage = layer.dense.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
 def dense_copy_fits(nbytes: int, free: int, total: int) -> bool:
     """Whether a dense copy of `nbytes` leaves DENSE_COPY_FREE_SHARE of a GPU's `total` bytes free."""
     return free - nbytes >= DENSE_COPY_FREE_SHARE * total
