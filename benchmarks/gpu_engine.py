@@ -157,22 +157,20 @@ def profile_kernels(folder: Path, short: str, out: Path | None, prefill: int = 0
     activities = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         run.run(workload, prompts)
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernels.sort(key=lambda e: e.time_range.start)
-    ends = [i for i, e in enumerate(kernels) if "ArgMax" in e.name]
-    steps = 1
+    events, ends = device_events(prof)
+    kernels, steps = events, 1
     if not prefill and len(ends) >= 3:  # the steps from the middle argmax to the last
         steps = len(ends) - 1 - len(ends) // 2
-        kernels = kernels[ends[len(ends) // 2] + 1 : ends[-1] + 1]
+        kernels = events[ends[len(ends) // 2] + 1 : ends[-1] + 1]
     by_name: dict[str, list[float]] = {}
     for e in kernels:
         by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
-    events = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
     total = sum(map(sum, by_name.values())) / steps
     what = f"prefill of {prefill}" if prefill else f"step of {batch} sequence(s) ({steps} steps)"
     lines = [f"{short}: {total:,.0f} us of kernels and {len(kernels) / steps:,.0f} launches per {what}"]
-    lines += [f"  {sum(t) / steps:8.1f} us {len(t) / steps:6.1f}x  {name[:90]}" for name, t in events[:16]]
-    step = [] if prefill else one_step(prof)
+    lines += [f"  {sum(t) / steps:8.1f} us {len(t) / steps:6.1f}x  {name[:90]}" for name, t in ranked[:16]]
+    step = [] if prefill else one_step(events, ends)
     if step:
         order = f"in order (the first 32 and the last 8 of {len(step)})"
         lines += ["", f"{short}: one decode step's kernels {order}"]
@@ -186,12 +184,17 @@ def profile_kernels(folder: Path, short: str, out: Path | None, prefill: int = 0
         (out / name).write_text(text + "\n\n" + table + "\n\n" + "\n".join(step))
 
 
-def one_step(prof: torch.profiler.profile) -> list[str]:
-    """The kernels (and memcpys) of one decode step in launch order with their times: those between
-    the greedy sampler's argmax of the middle step and the next one (each greedy step ends in one)."""
+def device_events(prof: torch.profiler.profile) -> tuple[list, list[int]]:
+    """The profile's kernels (and memcpys) in launch order, and the indices of the greedy sampler's
+    argmax kernels among them (each greedy step ends in one)."""
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: e.time_range.start)
-    ends = [i for i, e in enumerate(kernels) if "ArgMax" in e.name]
+    return kernels, [i for i, e in enumerate(kernels) if "ArgMax" in e.name]
+
+
+def one_step(kernels: list, ends: list[int]) -> list[str]:
+    """The kernels of one decode step in launch order with their times (`device_events`): those
+    between the argmax of the middle step and the next one."""
     if len(ends) < 3:
         return [f"  (no step boundaries found among {len(kernels)} kernel events)"]
     mid = len(ends) // 2
