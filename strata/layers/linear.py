@@ -326,8 +326,7 @@ class Projections(nn.Module):
             x, norm = norm.normed(x), None
         rows = x.numel() // max(1, x.shape[-1])
         if self.stacked is not None and rows >= self.stacked[2] and x.dtype == self.stacked[0].dtype:
-            if norm is not None:
-                x = norm.normed(x)
+            assert norm is None  # applied above: a matvec takes the norm on one row only (`takes_norm`)
             y = F.linear(x, self.stacked[0], self.stacked[1])
             return list(y.split([n for sizes in self.sizes for n in sizes], dim=-1))
         if self.concurrent and x.is_cuda and rows <= self.matvec_rows:
