@@ -14,6 +14,7 @@ dtype before P @ V, as in flash attention, then the output to its dtype.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -154,6 +155,17 @@ def test_one_filled_split_gives_the_one_split_output_bit_for_bit(min_split_len):
     assert torch.equal(
         paged_decode_attention(*args, block_size=16, num_splits=8, min_split_len=min_split_len), one
     )
+
+
+def test_an_empty_split_among_the_filled_ones_gives_the_same_bits():
+    # 321 positions in tiles of 64: 4 splits take whole-tile chunks of 128, the last of them empty
+    # (merged with weight 0); 3 splits take the same chunks, none empty. 64 splits (a graph's count)
+    # use one a tile: 6 chunks of 64 merged, as 6 splits give them.
+    q, k, v, tables, lens, _ = make_case([321], 4, 2, 32, 16, torch.float32, seed=5)
+    args = (q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE))
+    run = functools.partial(paged_decode_attention, *args, block_size=16, block_t=64)
+    assert torch.equal(run(num_splits=4), run(num_splits=3))
+    assert torch.equal(run(num_splits=64), run(num_splits=6))
 
 
 def test_errors_name_the_problem():

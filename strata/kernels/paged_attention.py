@@ -10,10 +10,11 @@ by log-sum-exp. With one split the first kernel normalizes and writes the output
 
 `num_splits` is fixed on the host (a captured CUDA graph keeps it), so it is chosen for the longest
 context a step may have. On the device each sequence uses at most cdiv(its positions,
-`min_split_len`) of them (`min_split_len` 256 under STRATA_LIVE_SPLITS=1 on the model path, else 1):
-the programs of the splits beyond return at once, and a sequence left with one split has its output
-written by the first kernel, the merge skipping it. A short context in a graph captured for long
-ones then costs one split program per KV head and no merge work.
+`min_split_len`) of them (`min_split_len` 256 under STRATA_LIVE_SPLITS=1 on the model path, else a
+tile: splits of whole tiles, the partition every split count above it gives): the programs of the
+splits beyond return at once, and a sequence left with one split has its output written by the
+first kernel, the merge skipping it. A short context in a graph captured for long ones then costs
+one split program a tile of its positions per KV head, and the merge reads only those partials.
 
 With `new_kv` (STRATA_ROPE_IN_ATTENTION=1 on the model path) the split kernel also does
 `rotary_kv.rotary_kv_write`'s work for the step, one launch fewer per layer: every split rotates its
@@ -334,9 +335,9 @@ def paged_decode_attention(
     host; by default the block table's capacity; `split_len`, `max_splits` and `programs_per_sm`
     passed on as its min_split_len, max_splits and programs_per_sm), so
     choosing never syncs with the device. More than 64 splits are merged in chunks of 64. On the
-    device each sequence uses at most cdiv(its positions, `min_split_len`) of them (1, the default:
-    at most one per position, which partitions the context as all of them would; MIN_SPLIT_LEN: about
-    what `choose_num_splits` would give the context itself).
+    device each sequence uses at most cdiv(its positions, max(`min_split_len`, block_t)) of them (1, the
+    default: one a tile, which partitions the context as all of them would; MIN_SPLIT_LEN: about what
+    `choose_num_splits` would give the context itself).
 
     `new_kv`: q comes unrotated and the new token's K/V are not yet in the cache; the kernel does
     `rotary_kv_write`'s work (one launch fewer): each split rotates q as that kernel would, and the
@@ -387,6 +388,10 @@ def paged_decode_attention(
             f"block_size, window, min_split_len and split_len must be >= 1, got {block_size}, {window}, "
             f"{min_split_len} and {split_len}"
         )
+    # A split of fewer positions than a tile would hold an empty chunk (chunks are whole tiles): with
+    # at least a tile a split, a short context in a graph captured for long ones runs only its filled
+    # splits and merges only their partials. The same chunks and the same bits as counting every split.
+    min_split_len = max(min_split_len, block_t)
     rope = {}
     if new_kv is not None:
         new_kv.check(q, k_cache, v_cache)
