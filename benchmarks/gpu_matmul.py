@@ -122,16 +122,13 @@ def configs(qtype: GGMLQuantizationType, m: int, n: int, k: int, wide: bool = Fa
         ]
     if m <= 64:  # K split in 1-8 at the default tile (the default picks one by the tile count)
         alts += [replace(base, split_k=s) for s in (1, 2, 4, 8)]
-    if qtype == T.Q4_K:  # the default tile with Q4_K decoded by one FMA a weight (the same bits)
-        alts.append(replace(base, fma=True))
     return [base] + [c for c in alts if c != base]
 
 
 def cfg_name(c: MatmulConfig) -> str:
     swap = " swap" if c.swap_ab else ""
     split = f" split{c.split_k}" if c.split_k > 1 else ""
-    fma = " fma" if c.fma else ""
-    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}{swap}{split}{fma}"
+    return f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}{swap}{split}"
 
 
 def bench_us(fn: Callable[[], object], small: bool) -> float:
@@ -170,7 +167,6 @@ def run_case(name: str, n: int, k: int, qtype: GGMLQuantizationType, env: Env) -
         if m <= 16:
             matvec_us = bench_us(partial(quant_matvec, x, packed, qtype, n, k), env.small)
         best: Row | None = None
-        timed: dict[MatmulConfig, float] = {}
         for cfg in configs(qtype, m, n, k, env.wide):
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
             quant_matmul(x, packed, out=out, config=cfg)
@@ -184,17 +180,10 @@ def run_case(name: str, n: int, k: int, qtype: GGMLQuantizationType, env: Env) -
             status = "ok" if ok else "FAIL"
             print(f"{case:28} M={m:5} {cfg_name(cfg):22} rel err {rel:.2e} {status:4} {us:9.1f} us  "
                   f"torch bf16 {base_us:9.1f} us  dequant+mm {deq_us:9.1f} us", flush=True)  # fmt: skip
-            timed[cfg] = us
-            if cfg.fma and not torch.equal(out, quant_matmul(x, packed, config=replace(cfg, fma=False))):
-                env.failures.append(f"{case} M={m} {cfg_name(cfg)}: not the unfused kernel's bits")
             if not ok:
                 env.failures.append(f"{case} M={m} {cfg_name(cfg)}: relative error {rel:.3g}")
             elif best is None or us < best.us:
                 best = Row(case, m, cfg_name(cfg), us, base_us, deq_us, matvec_us, 2.0 * m * n * k)
-        fused = next((c for c in timed if c.fma), None)
-        if fused is not None:
-            plain = timed[replace(fused, fma=False)]
-            print(f"{case:28} M={m:5} fma against the default: {plain / timed[fused]:.3f}x", flush=True)
         if best:
             rows.append(best)
     return rows

@@ -120,21 +120,6 @@ def test_decoded_weights_are_exact(qtype, dtype: torch.dtype):
     assert torch.equal(y.cpu(), expected)
 
 
-@pytest.mark.parametrize("layout", ["blocks", "planar", "rows"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_fma_decode_gives_the_same_bits(layout: str, dtype: torch.dtype):
-    # MatmulConfig.fma: Q4_K's mul * q - sub as one fused multiply-add. mul * q is exact, so the
-    # decoded weights (x = I) are dequantize's bit for bit and any x gives the unfused kernel's y.
-    n, k = 32, 512
-    raw = random_weight(T.Q4_K, n, k, seed=11)
-    packed = pack_quant_weight(raw.to(DEVICE), T.Q4_K, n, k, layout)
-    fused, plain = MatmulConfig(64, 32, 128, fma=True), MatmulConfig(64, 32, 128)
-    y = quant_matmul(torch.eye(k, dtype=dtype, device=DEVICE), packed, config=fused)
-    assert torch.equal(y.cpu(), dequantize(raw, T.Q4_K, (n, k)).to(dtype).T)
-    x = torch.randn(20, k, generator=torch.Generator().manual_seed(5)).to(dtype).to(DEVICE)
-    assert torch.equal(quant_matmul(x, packed, config=fused), quant_matmul(x, packed, config=plain))
-
-
 @pytest.mark.parametrize("qtype", [T.IQ2_XS, T.IQ2_S], ids=lambda t: t.name)
 def test_every_codebook_entry_is_exact(qtype: GGMLQuantizationType):
     raw, n, k = codebook_weight(qtype, seed=17)

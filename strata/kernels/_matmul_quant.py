@@ -229,7 +229,7 @@ def quant_matmul_kernel(
     stride_xm, stride_ym, s0, s1, s2, s3,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr, BF16_AS_F32: tl.constexpr,
-    PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, FMA_DECODE: tl.constexpr = False,
+    PRECISION: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     # Under SPLIT_K, program_id(1) is this program's share of the K steps; the partial tiles are summed
     # by the last split to finish (`sum_splits`, through the (SPLIT_K, M, N) fp32 workspace ws).
@@ -278,11 +278,7 @@ def quant_matmul_kernel(
             q = _group_quants(QTYPE, p0_ptr, p1_ptr, r3, t3, i3, s0, s1)
         t_next = tl.minimum(k0 // 16 + NT + groups, last_group)
         mul_next, sub_next = _group_scales(QTYPE, p0_ptr, p1_ptr, p2_ptr, p3_ptr, r3, t_next, s0, s1, s2, s3)
-        if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR or QTYPE == Q4_K_ROWS:  # noqa: SIM109
-            # mul * q is exact (17-bit mul, 4-bit q): fused or not, only the subtraction rounds.
-            w = tl.fma(mul, q, -sub) if FMA_DECODE else mul * q - sub
-        else:
-            w = mul * q
+        w = mul * q - sub if QTYPE == Q4_K or QTYPE == Q4_K_PLANAR or QTYPE == Q4_K_ROWS else mul * q  # noqa: SIM109
         mul, sub = mul_next, sub_next
         w = tl.reshape(w, (BLOCK_N, BLOCK_K))
         if BF16_AS_F32:

@@ -35,10 +35,7 @@ class MatmulConfig:
     two; group_m row tiles share a sweep over the N tiles (L2 reuse of W and x); swap_ab computes
     y^T = W x^T (see the kernel's docstring), a candidate for small M; split_k programs share each
     tile's K steps (for weights with too few tiles to fill the GPU), their fp32 partials summed by
-    the last to finish. fma decodes Q4_K's w = mul * q - sub as one fused multiply-add: the same bits,
-    since mul * q is exact (an fp16 d times a 6-bit scale times a 4-bit quant fits fp32's 24-bit
-    significand), so only the subtraction rounds either way; one operation fewer a weight (off until
-    benchmarks/gpu_matmul.py times it).
+    the last to finish.
     """
 
     block_m: int = 64
@@ -49,7 +46,6 @@ class MatmulConfig:
     group_m: int = 8
     swap_ab: bool = False
     split_k: int = 1
-    fma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "num_warps"):
@@ -185,10 +181,9 @@ def quant_matmul(
         QTYPE=kernel_type(int(w.qtype), w.layout),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, SWAP_AB=cfg.swap_ab, EVEN_K=k % cfg.block_k == 0, BF16_AS_F32=bf16_as_f32,
-        PRECISION=precision, SPLIT_K=cfg.split_k, FMA_DECODE=cfg.fma,
+        PRECISION=precision, SPLIT_K=cfg.split_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        # No FMA contraction: d * sc, then * q, then - dmin * mn must round as dequantize rounds them
-        # (FMA_DECODE fuses the last two only for Q4_K, where that gives the same bits).
+        # No FMA contraction: d * q - dmin * mn must round as dequantize rounds it.
         enable_fp_fusion=False,
     )  # fmt: skip
     return out
