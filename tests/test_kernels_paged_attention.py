@@ -147,8 +147,8 @@ def test_splits_a_context_does_not_fill_are_skipped(window):
 
 @pytest.mark.parametrize("min_split_len", [1, 256])
 def test_one_filled_split_gives_the_one_split_output_bit_for_bit(min_split_len):
-    # Contexts within one tile of 64: with min_split_len 1 the 7 other splits are empty and merged
-    # with weight 0; with 256 they do not run and the merge is skipped. Either way the same bits.
+    # Contexts within one tile of 64: a split holds at least a tile, so with min_split_len 1 (as with
+    # 256) the 7 other splits do not run and the merge is skipped: the one-split kernel's bits.
     q, k, v, tables, lens, _ = make_case([1, 17, 64], 4, 2, 32, 16, torch.float32, seed=3)
     args = (q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE))
     one = paged_decode_attention(*args, block_size=16, num_splits=1)
