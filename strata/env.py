@@ -87,6 +87,24 @@ def kernel_row_limits() -> tuple[int, int]:
     return matvec, dense
 
 
+def copy_rows(matvec_rows: int) -> int:
+    """STRATA_COPY_ROWS (default `matvec_rows` + 1, i.e. 5): on the GPU kernel path, batches of this
+    many rows or more multiply a weight's dense copy (STRATA_DENSE_COPY, STRATA_DENSE_WIDE) with cuBLAS;
+    fewer go through the fused matvec (up to STRATA_MATVEC_ROWS) or the fused matmul. Weights without a
+    copy keep STRATA_DENSE_ROWS. Measured (H100, 2026-12-06, `strata bench ab strata
+    strata:dense_rows=N` when that knob set the copies' threshold too): the fused matmul between 5 and
+    48 rows ran at 0.53-0.77x of cuBLAS on the copy, e.g. the 7B 1.46x at 5 sequences, 1.46x at 8, 1.43x
+    at 16, 1.51x at 32, 1.88x at 48; the 1.5B 1.41x at 5 and 16; the 0.5B 1.31x at 5, 1.48x at 8, 1.53x
+    at 32. Below it the matvec: cuBLAS at 4 rows ran 0.706x on the 7B, the matvec at 5-8 rows 0.65x."""
+    rows = _integer("STRATA_COPY_ROWS", matvec_rows + 1, 1)
+    if rows <= matvec_rows:
+        raise ValueError(
+            f"STRATA_COPY_ROWS={rows} must be above STRATA_MATVEC_ROWS={matvec_rows} (the matvec takes up "
+            f"to that many rows); unset it for {matvec_rows + 1}"
+        )
+    return rows
+
+
 def act_in_quant() -> bool:
     """STRATA_ACT_IN_QUANT (default 1): on the GPU kernel path, a gated activation (SwiGLU, GeGLU)
     feeding an int8 matvec (decode's down projection) is computed inside x's int8 quantization, the
@@ -155,7 +173,7 @@ def rope_in_attention() -> bool:
 def dense_copy() -> str:
     """STRATA_DENSE_COPY (default auto; 0 or 1 for never or always): on the GPU kernel path each quantized
     weight of fewer than 16,384 outputs (the 7B's q, k, v, o and down; wider ones as `dense_wide` says)
-    also keeps a dequantized copy in the compute dtype, which batches of STRATA_DENSE_ROWS rows or more
+    also keeps a dequantized copy in the compute dtype, which batches of STRATA_COPY_ROWS rows or more
     multiply with cuBLAS directly instead of dequantizing the weight on every call: the same values,
     more memory (the 7B: about 5.4 GB in bf16) for less traffic per batched step (2 bytes a weight read
     instead of about 4.6 read and written). `auto` keeps a copy where the GPU keeps half its memory free
@@ -168,7 +186,7 @@ def dense_copy() -> str:
 def dense_wide() -> str:
     """STRATA_DENSE_WIDE (default auto; 0 or 1 for none or all): which wide weights (16,384 outputs or
     more: the output head, the 7B's gate+up) STRATA_DENSE_COPY covers too. A wide weight with a copy
-    multiplies batches of STRATA_DENSE_ROWS rows or more with cuBLAS instead of the fused matmul. `auto`
+    multiplies batches of STRATA_COPY_ROWS rows or more with cuBLAS instead of the fused matmul. `auto`
     takes those of the types whose fused matmul is bound by decoding them, not by their bytes (all but
     `strata.layers.linear.CHEAP_DECODE`: Q4_0, Q5_0, Q8_0). Measured (H100, 2026-12-06, `strata bench ab`,
     64 sequences, the same ids): the 7B's gate+up copied 1.025x (its prefill of 2,048 1.048x), its Q6_K
@@ -178,22 +196,24 @@ def dense_wide() -> str:
 
 
 def dense_stack() -> bool:
-    """STRATA_DENSE_STACK=1 (opt-in until timed): projections of one input whose parts all keep dense
-    copies (q+k and v of other quant types, as in the 1.5B and 7B) multiply batches of STRATA_DENSE_ROWS
+    """STRATA_DENSE_STACK (default 1; 0 for off): projections of one input whose parts all keep dense
+    copies (q+k and v of other quant types, as in the 1.5B and 7B) multiply batches of STRATA_COPY_ROWS
     rows or more as one cuBLAS matmul over the copies side by side (the parts' copies become views of
     it: no more memory). The 7B's 64-sequence step ran q+k and v as two matmuls and a split-K reduce,
-    24 us a layer for 33 MB of bf16 weights (H100, 2026-12-06 profile)."""
-    return _level("STRATA_DENSE_STACK", "0", ("0", "1")) == "1"
+    24 us a layer for 33 MB of bf16 weights. Measured (H100, 2026-12-06, `strata bench ab strata
+    strata:dense_stack=1`): 64 sequences 1.005x (7B), 1.024x (1.5B); the 7B's prefill of 2,048 1.004x."""
+    return _level("STRATA_DENSE_STACK", "1", ("0", "1")) == "1"
 
 
 def concurrent_projections() -> bool:
-    """STRATA_CONCURRENT_PROJECTIONS=1 (opt-in until timed): on the GPU kernel path, a decode step's
-    projections of one input that are separate launches (parts of different quant types, e.g. the
-    7B's Q4_K q+k and Q6_K v) run on side streams, side by side (parallel branches of a captured
-    graph), instead of one after the other; each is latency-bound with less than a wave of programs.
-    The same kernels on the same inputs: the same values. Measured (H100, 2026-12-05): 7B decode
-    1.030x and 1.046x, but 0.982x at 8 sequences and 0.991x on the 0.5B."""
-    return _level("STRATA_CONCURRENT_PROJECTIONS", "0", ("0", "1")) == "1"
+    """STRATA_CONCURRENT_PROJECTIONS (default 1; 0 for off): on the GPU kernel path, the matvecs of one
+    input that are separate launches (parts of different quant types, e.g. the 7B's Q4_K q+k and Q6_K
+    v) run on side streams, side by side (parallel branches of a captured graph), instead of one after
+    the other; each is latency-bound with less than a wave of programs. The same kernels on the same
+    inputs: the same values. Measured (H100, 2026-12-06, `strata bench ab`, the same ids): decode at
+    one sequence 1.013x (0.5B), 1.013x (1.5B), 1.012x (7B); the 7B at 4 and 8 sequences 1.010x, 1.003x
+    (2026-12-05, on older defaults: 7B 1.030x and 1.046x, 0.982x at 8 sequences)."""
+    return _level("STRATA_CONCURRENT_PROJECTIONS", "1", ("0", "1")) == "1"
 
 
 def decode_steps() -> int:

@@ -42,6 +42,10 @@ def test_batches_read_the_copy_with_the_same_results(monkeypatch, qtype: GGMLQua
     plain = QuantLinear(raw, qtype, (n, k), place, bias)
     assert plain.dense is None
     expected = plain(x)
+    # From 5 rows (STRATA_COPY_ROWS' default) the copy: the values dequantize_packed gives per call.
+    five = torch.nn.functional.linear(
+        x[:5], dequant_packed.dequantize_packed(plain.packed, x.dtype), plain.bias
+    )
     monkeypatch.setenv("STRATA_DENSE_COPY", "1")
     layer = QuantLinear(raw, qtype, (n, k), place, bias)
     assert layer.dense is not None and layer.dense.dtype == torch.bfloat16
@@ -50,8 +54,9 @@ def test_batches_read_the_copy_with_the_same_results(monkeypatch, qtype: GGMLQua
         raise AssertionError("dequantized per call")
 
     monkeypatch.setattr(dequant_packed, "dequantize_packed", never)
-    assert layer.dense_rows == x.shape[0]  # the dense path's first batch size
+    assert layer.copy_rows == 5
     assert torch.equal(layer(x), expected)
+    assert torch.equal(layer(x[:5]), five)
 
 
 def test_wide_weights_keep_no_copy_where_set_off(monkeypatch):
@@ -135,7 +140,7 @@ def test_auto_keeps_none_off_the_gpu(monkeypatch):
 
 
 def test_dense_stack_runs_the_parts_as_one_matmul(monkeypatch):
-    # STRATA_DENSE_STACK=1: q+k (Q8_0, stacked by type) and v (Q4_K) keep one copy side by side; 64 rows
+    # STRATA_DENSE_STACK: q+k (Q8_0, stacked by type) and v (Q4_K) keep one copy side by side; 64 rows
     # run one matmul over it, with the parts' biases, and each part's copy is a view of it (no memory).
     monkeypatch.setenv("STRATA_DENSE_COPY", "1")
     place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
@@ -155,7 +160,7 @@ def test_dense_stack_runs_the_parts_as_one_matmul(monkeypatch):
     stacked = Projections(layers, place)
     assert stacked.stacked is not None
     copy, bias, rows = stacked.stacked
-    assert copy.shape == (96, k) and bias is not None and bias.shape == (96,) and rows == 64
+    assert copy.shape == (96, k) and bias is not None and bias.shape == (96,) and rows == 5
     storage = copy.untyped_storage().data_ptr()
     assert all(
         p.dense is not None and p.dense.untyped_storage().data_ptr() == storage

@@ -14,7 +14,8 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_QUANT_IN_NORM", env.quant_in_norm, True),
     ("STRATA_LIVE_SPLITS", env.live_splits, False),
     ("STRATA_ROPE_IN_ATTENTION", env.rope_in_attention, False),
-    ("STRATA_CONCURRENT_PROJECTIONS", env.concurrent_projections, False),
+    ("STRATA_CONCURRENT_PROJECTIONS", env.concurrent_projections, True),
+    ("STRATA_DENSE_STACK", env.dense_stack, True),
     ("STRATA_NORM_IN_MATVEC", env.norm_in_matvec, False),
     ("STRATA_WIDEN_TO_STACK", env.widen_to_stack, False),
 ]

@@ -62,3 +62,49 @@ def test_rows_pick_the_kernel(monkeypatch, limits: tuple[int, int], n: int):
         called.clear()
         layer(torch.zeros(rows, 32))
         assert called[0] == kernel, (rows, called)
+
+
+def test_copy_rows_default_and_error(monkeypatch):
+    monkeypatch.delenv("STRATA_COPY_ROWS", raising=False)
+    assert env.copy_rows(4) == 5
+    monkeypatch.setenv("STRATA_COPY_ROWS", "4")
+    with pytest.raises(ValueError, match="STRATA_COPY_ROWS=4 must be above STRATA_MATVEC_ROWS=4"):
+        env.copy_rows(4)
+
+
+@pytest.mark.parametrize("n", [8, WIDE_ROWS], ids=["narrow", "wide"])
+def test_a_copy_takes_batches_from_copy_rows(monkeypatch, n: int):
+    # With a dense copy: the matvec up to 4 rows, cuBLAS on the copy from 5 (STRATA_COPY_ROWS' default)
+    # up to and past 64 rows; the fused matmul only below COPY_ROWS when it is set higher.
+    monkeypatch.setenv("STRATA_DENSE_COPY", "1")
+    monkeypatch.setenv("STRATA_DENSE_WIDE", "1")
+    monkeypatch.delenv("STRATA_COPY_ROWS", raising=False)
+    raw = torch.zeros(n, 34, dtype=torch.uint8)
+    layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(kernels=True))
+    assert layer.dense is not None
+    called: list[str] = []
+    copy = layer.dense
+    linear = torch.nn.functional.linear
+
+    def read(x, weight, bias=None):
+        called.append("copy" if weight is copy else "other")
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(
+        quant_matvec, "quant_matvec", lambda x, *a, **k: called.append("matvec") or torch.zeros(x.shape[0], n)
+    )
+    monkeypatch.setattr(
+        quant_matmul, "quant_matmul", lambda x, *a, **k: called.append("matmul") or torch.zeros(x.shape[0], n)
+    )
+    monkeypatch.setattr(torch.nn.functional, "linear", read)
+    for rows, kernel in {4: "matvec", 5: "copy", 64: "copy", 65: "copy"}.items():
+        called.clear()
+        layer(torch.zeros(rows, 32, dtype=layer.dense.dtype))
+        assert called == [kernel], (rows, called)
+    monkeypatch.setenv("STRATA_COPY_ROWS", "9")
+    layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(kernels=True))
+    copy = layer.dense
+    for rows, kernel in {8: "matmul", 9: "copy"}.items():
+        called.clear()
+        layer(torch.zeros(rows, 32, dtype=layer.dense.dtype))
+        assert called == [kernel], (rows, called)

@@ -250,6 +250,7 @@ def test_gpu_concurrent_projections_keep_the_tokens(monkeypatch, tmp_path: Path)
     import strata.layers.linear as linear
 
     path = tiny(tmp_path, "qwen2.5-1.5b-tiny")
+    monkeypatch.setenv("STRATA_CONCURRENT_PROJECTIONS", "0")
     expected = bf16_ids(path)
     real, calls = linear._side_by_side, []
     monkeypatch.setattr(

@@ -13,6 +13,7 @@ ENV_OPTIONS = {
     "q6k_layout": "STRATA_Q6K_LAYOUT",
     "matvec_rows": "STRATA_MATVEC_ROWS",
     "dense_rows": "STRATA_DENSE_ROWS",
+    "copy_rows": "STRATA_COPY_ROWS",
     "int8_x": "STRATA_INT8_X",  # types joined by "+", e.g. int8_x=Q4_K+Q6_K
     "act_in_quant": "STRATA_ACT_IN_QUANT",
     "pdl": "STRATA_PDL",

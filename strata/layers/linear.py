@@ -67,9 +67,9 @@ class QuantLinear(nn.Module):
     into aligned planes, the same bytes): up to `matvec_rows` rows go through the fused dequant
     matvec, more through the fused dequant matmul, and from `dense_rows` rows on the weight is
     dequantized on the fly for cuBLAS (both from `strata.env.kernel_row_limits`: 4 and 64 by default;
-    a wide weight, `WIDE_ROWS` outputs or more, without a copy keeps the matmul at 64 rows too), or,
-    with a dense copy (STRATA_DENSE_COPY; STRATA_DENSE_WIDE for the wide ones), read from that copy,
-    dequantized at build time.
+    a wide weight, `WIDE_ROWS` outputs or more, keeps the matmul at 64 rows too). A weight with a dense
+    copy (STRATA_DENSE_COPY; STRATA_DENSE_WIDE for the wide ones), dequantized at build time, gives
+    batches of `copy_rows` rows or more (`strata.env.copy_rows`: 5) to cuBLAS on that copy instead.
     Types without a fused kernel keep a dense weight.
 
     Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
@@ -110,6 +110,7 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.to(place.device, place.dtype), False)
         # Read once per layer, not per call (the measured crossovers: strata.env.kernel_row_limits).
         self.matvec_rows, self.dense_rows = env.kernel_row_limits()
+        self.copy_rows = env.copy_rows(self.matvec_rows)
         self.act_in_quant = env.act_in_quant()
         # STRATA_DENSE_COPY: the weight dequantized once, for the batches that would dequantize it per call.
         self.dense = dense
@@ -222,14 +223,15 @@ class QuantLinear(nn.Module):
                 norm=None if norm is None else (norm.weight, norm.eps), out=out, accumulate=out is not None,
             )  # fmt: skip
             return y.view(*x.shape[:-1], self.out_features) if add_to is None else add_to
-        if flat.shape[0] < self.dense_rows:
+        copy = self.dense if self.dense is not None and self.dense.dtype == flat.dtype else None
+        if copy is not None and flat.shape[0] >= self.copy_rows:
+            y = F.linear(flat, copy, self.bias)
+        elif flat.shape[0] < self.dense_rows or copy is not None:
             from strata.kernels.quant_matmul import quant_matmul
 
             y = quant_matmul(flat, self.packed)
             if self.bias is not None:
                 y = y + self.bias
-        elif self.dense is not None and self.dense.dtype == flat.dtype:
-            y = F.linear(flat, self.dense, self.bias)
         else:
             from strata.kernels.dequant_packed import dequantize_packed
 
@@ -276,10 +278,10 @@ class Projections(nn.Module):
     On the kernel path each run of neighbours that share a quant type becomes one layer over their
     stacked rows, so one matvec launch reads them all (and a wider one keeps more SMs busy); the
     outputs are column views of its result. Parts are named by the GGUF names they hold, joined by +.
-    With STRATA_CONCURRENT_PROJECTIONS=1 the parts of a decode step on a GPU run side by side on
-    streams of their own (`_side_by_side`). With STRATA_DENSE_STACK=1, parts that all keep dense
-    copies share one copy of their rows side by side (`_stack_copies`), which batched steps multiply
-    in one matmul.
+    With STRATA_CONCURRENT_PROJECTIONS (on by default) the matvecs of parts on a GPU run side by side
+    on streams of their own (`_side_by_side`). With STRATA_DENSE_STACK (on by default), parts that all
+    keep dense copies share one copy of their rows side by side (`_stack_copies`), which batched steps
+    multiply in one matmul.
     """
 
     def __init__(self, layers: dict[str, QuantLinear], place: Placement) -> None:
@@ -382,7 +384,7 @@ def _stack_copies(
         x.dense = copy[start : start + x.out_features]
         start += x.out_features
     bias = _cat_biases(layers, place)
-    return copy, None if bias is None else bias.to(place.dtype), max(x.dense_rows for x in layers)
+    return copy, None if bias is None else bias.to(place.dtype), max(x.copy_rows for x in layers)
 
 
 def _cat_biases(layers: Sequence[QuantLinear], place: Placement) -> torch.Tensor | None:
