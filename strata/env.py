@@ -174,7 +174,9 @@ def dense_copy() -> str:
     """STRATA_DENSE_COPY (default auto; 0 or 1 for never or always): on the GPU kernel path each quantized
     weight of fewer than 16,384 outputs (the 7B's q, k, v, o and down; wider ones as `dense_wide` says)
     also keeps a dequantized copy in the compute dtype, which batches of STRATA_COPY_ROWS rows or more
-    multiply with cuBLAS directly instead of dequantizing the weight on every call: the same values,
+    multiply with cuBLAS directly instead of dequantizing the weight on every call (the same values;
+    batches below 64 rows, which the fused matmul took, now round as cuBLAS does: which path a weight
+    takes then depends on whether it keeps a copy, i.e. under `auto` on the memory free at load),
     more memory (the 7B: about 5.4 GB in bf16) for less traffic per batched step (2 bytes a weight read
     instead of about 4.6 read and written). `auto` keeps a copy where the GPU keeps half its memory free
     after it (`strata.layers.linear.DENSE_COPY_FREE_SHARE`). `strata bench ab strata

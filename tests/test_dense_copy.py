@@ -1,5 +1,6 @@
-"""STRATA_DENSE_COPY: batches of DENSE_ROWS rows or more multiply a weight dequantized once at build
-time instead of per call; the same values, so the same outputs bit for bit."""
+"""STRATA_DENSE_COPY: batches of COPY_ROWS rows or more multiply a weight dequantized once at build
+time: the values per-call dequantization gives, so from DENSE_ROWS on the same outputs bit for bit
+(below it, where the fused matmul ran, cuBLAS's rounding)."""
 
 from __future__ import annotations
 

@@ -101,6 +101,17 @@ def test_a_copy_takes_batches_from_copy_rows(monkeypatch, n: int):
         called.clear()
         layer(torch.zeros(rows, 32, dtype=layer.dense.dtype))
         assert called == [kernel], (rows, called)
+    # x of another dtype than the copy's: the paths of a weight without one.
+    other = torch.float16 if layer.dense.dtype != torch.float16 else torch.float32
+    monkeypatch.setattr(
+        dequant_packed,
+        "dequantize_packed",
+        lambda w, dtype: called.append("dequant") or torch.zeros(n, 32, dtype=dtype),
+    )
+    for rows, kernel in {5: "matmul", 63: "matmul", 65: "dequant"}.items():
+        called.clear()
+        layer(torch.zeros(rows, 32, dtype=other))
+        assert called[0] == kernel, (rows, called)
     monkeypatch.setenv("STRATA_COPY_ROWS", "9")
     layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(kernels=True))
     copy = layer.dense

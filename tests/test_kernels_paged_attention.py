@@ -83,7 +83,7 @@ def check(
     block_t=64,
     **launch,
 ):
-    # min_split_len=1: every split a context can fill runs, so short contexts still exercise the merge.
+    # min_split_len=1: a split a tile (the floor): contexts past one tile exercise the merge.
     q, k_cache, v_cache, tables, lens, contexts = make_case(
         context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=len(context_lens) + head_dim
     )
@@ -116,9 +116,10 @@ def test_group_of_seven_odd_block_and_head_dim(num_splits):
     check([17, 300, 2], 14, 2, 24, 5, torch.float16, num_splits)
 
 
-@pytest.mark.parametrize("window", [1, 20, 1000])
+@pytest.mark.parametrize("window", [1, 20, 200, 1000])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_sliding_window(window, num_splits):
+    # Windows of 1 and 20 fit one tile (one split, no merge); 200 of the 300 positions take 3 merged.
     check([1, 17, 300], 4, 1, 16, 16, torch.float32, num_splits, window=window)
 
 
@@ -159,7 +160,8 @@ def test_one_filled_split_gives_the_one_split_output_bit_for_bit(min_split_len):
 
 def test_an_empty_split_among_the_filled_ones_gives_the_same_bits():
     # 321 positions in tiles of 64: 4 splits take whole-tile chunks of 128, the last of them empty
-    # (merged with weight 0); 3 splits take the same chunks, none empty.
+    # (merged with weight 0); 3 splits take the same chunks, none empty. (Both hold with or without
+    # the floor of a tile a split: they pin the partition it must keep, not the work it skips.)
     q, k, v, tables, lens, _ = make_case([321], 4, 2, 32, 16, torch.float32, seed=5)
     args = (q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE))
     run = functools.partial(paged_decode_attention, *args, block_size=16, block_t=64)

@@ -107,8 +107,8 @@ def run_both(
 @pytest.mark.parametrize("num_splits", [1, 3, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_contexts_1_17_300(num_splits, dtype):
-    # With 8 splits the new position of the 17-long context is in the second split, the 300-long
-    # one's in the eighth; with 1 in the only one.
+    # With 8 splits (one tile of 64 each at most) the new position of the 17-long context is in the
+    # first split, its only one, the 300-long one's in the fifth; with 1 in the only one.
     run_both([1, 17, 300], 4, 2, 32, dtype=dtype, num_splits=num_splits, seed=num_splits)
 
 

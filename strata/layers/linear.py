@@ -67,9 +67,10 @@ class QuantLinear(nn.Module):
     into aligned planes, the same bytes): up to `matvec_rows` rows go through the fused dequant
     matvec, more through the fused dequant matmul, and from `dense_rows` rows on the weight is
     dequantized on the fly for cuBLAS (both from `strata.env.kernel_row_limits`: 4 and 64 by default;
-    a wide weight, `WIDE_ROWS` outputs or more, keeps the matmul at 64 rows too). A weight with a dense
-    copy (STRATA_DENSE_COPY; STRATA_DENSE_WIDE for the wide ones), dequantized at build time, gives
-    batches of `copy_rows` rows or more (`strata.env.copy_rows`: 5) to cuBLAS on that copy instead.
+    a wide weight, `WIDE_ROWS` outputs or more, without a copy keeps the matmul at 64 rows too). A
+    weight with a dense copy (STRATA_DENSE_COPY; STRATA_DENSE_WIDE for the wide ones), dequantized at
+    build time, gives batches of `copy_rows` rows or more (`strata.env.copy_rows`: 5) to cuBLAS on
+    that copy instead.
     Types without a fused kernel keep a dense weight.
 
     Under tensor parallelism a layer holds its rank's part of the weight (`strata.parallel.shard`); a
@@ -112,7 +113,7 @@ class QuantLinear(nn.Module):
         self.matvec_rows, self.dense_rows = env.kernel_row_limits()
         self.copy_rows = env.copy_rows(self.matvec_rows)
         self.act_in_quant = env.act_in_quant()
-        # STRATA_DENSE_COPY: the weight dequantized once, for the batches that would dequantize it per call.
+        # STRATA_DENSE_COPY: the weight dequantized once, for batches of copy_rows rows or more.
         self.dense = dense
         narrow = self.out_features < WIDE_ROWS
         if (
