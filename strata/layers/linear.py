@@ -36,9 +36,12 @@ DENSE_COPY_FREE_SHARE = 0.5
 CHEAP_DECODE = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0})
 
 
-def copies_wide(qtype: GGMLQuantizationType) -> bool:
-    """Whether a wide weight of this type may keep a dense copy (STRATA_DENSE_WIDE): under `auto`, one of
-    a type whose fused matmul is bound by decoding it (the K-quants, the IQ types)."""
+def may_copy(out_features: int, qtype: GGMLQuantizationType) -> bool:
+    """Whether a weight of this many outputs and this type may keep a dense copy: a narrow one always
+    (STRATA_DENSE_COPY decides); a wide one as STRATA_DENSE_WIDE says, under `auto` one of a type whose
+    fused matmul is bound by decoding it (the K-quants, the IQ types)."""
+    if out_features < WIDE_ROWS:
+        return True
     setting = env.dense_wide()
     return setting == "1" or (setting == "auto" and qtype not in CHEAP_DECODE)
 
@@ -115,17 +118,16 @@ class QuantLinear(nn.Module):
         self.act_in_quant = env.act_in_quant()
         # STRATA_DENSE_COPY: the weight dequantized once, for batches of copy_rows rows or more.
         self.dense = dense
-        narrow = self.out_features < WIDE_ROWS
         if (
             dense is None
             and self.packed is not None
-            and (narrow or copies_wide(qtype))
+            and may_copy(self.out_features, qtype)
             and self._copies(place)
         ):
             from strata.kernels.dequant_packed import dequantize_packed
 
             self.dense = dequantize_packed(self.packed, place.dtype)
-        if not narrow and self.dense is None:
+        if self.out_features >= WIDE_ROWS and self.dense is None:
             # A wide weight takes the fused matmul at DENSE_ROWS rows too (H200, 7B, 64 rows: gate+up
             # 1.67x, the output head 1.32x faster than dequantize + cuBLAS; 128 rows 0.93x, 0.85x).
             self.dense_rows += 1
@@ -268,7 +270,7 @@ def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
     bias = _cat_biases(layers, place)
     # The parts' dense copies stacked like their planes (the same values), not dequantized again.
     dense = None
-    if (n < WIDE_ROWS or copies_wide(first.qtype)) and all(x.dense is not None for x in layers):
+    if may_copy(n, first.qtype) and all(x.dense is not None for x in layers):
         dense = torch.cat([x.dense for x in layers if x.dense is not None])
     return QuantLinear(packed, first.qtype, (n, first.in_features), place, bias, dense=dense)
 
