@@ -39,18 +39,7 @@ def test_defaults_and_errors(monkeypatch):
 def test_rows_pick_the_kernel(monkeypatch, limits: tuple[int, int], n: int):
     monkeypatch.setenv("STRATA_MATVEC_ROWS", str(limits[0]))
     monkeypatch.setenv("STRATA_DENSE_ROWS", str(limits[1]))
-    called: list[str] = []
-
-    def record(name):
-        def run(x, *args, **kwargs):  # x (rows, 32) for the fused kernels; the packed weight for dense
-            called.append(name)
-            return torch.zeros(n, 32) if name == "dense" else torch.zeros(x.shape[0], n)
-
-        return run
-
-    monkeypatch.setattr(quant_matvec, "quant_matvec", record("matvec"))
-    monkeypatch.setattr(quant_matmul, "quant_matmul", record("matmul"))
-    monkeypatch.setattr(dequant_packed, "dequantize_packed", record("dense"))
+    called = record_kernels(monkeypatch, n)
     raw = torch.zeros(n, 34, dtype=torch.uint8)  # Q8_0: n rows of one 34-byte block
     layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(kernels=True))
     matvec, dense = limits
@@ -62,6 +51,24 @@ def test_rows_pick_the_kernel(monkeypatch, limits: tuple[int, int], n: int):
         called.clear()
         layer(torch.zeros(rows, 32))
         assert called[0] == kernel, (rows, called)
+
+
+def record_kernels(monkeypatch, n: int) -> list[str]:
+    """The fused matvec and matmul and per-call dequantization replaced by stubs for a weight of n outputs
+    and 32 inputs, each appending its name ("matvec", "matmul", "dense") to the list returned."""
+    called: list[str] = []
+
+    def record(name):
+        def run(x, *args, **kwargs):  # x (rows, 32) for the fused kernels; (packed, dtype) for dense
+            called.append(name)
+            return torch.zeros(n, 32, dtype=args[0]) if name == "dense" else torch.zeros(x.shape[0], n)
+
+        return run
+
+    monkeypatch.setattr(quant_matvec, "quant_matvec", record("matvec"))
+    monkeypatch.setattr(quant_matmul, "quant_matmul", record("matmul"))
+    monkeypatch.setattr(dequant_packed, "dequantize_packed", record("dense"))
+    return called
 
 
 def test_copy_rows_default_and_error(monkeypatch):
@@ -82,7 +89,7 @@ def test_a_copy_takes_batches_from_copy_rows(monkeypatch, n: int):
     raw = torch.zeros(n, 34, dtype=torch.uint8)
     layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(kernels=True))
     assert layer.dense is not None
-    called: list[str] = []
+    called = record_kernels(monkeypatch, n)
     copy = layer.dense
     linear = torch.nn.functional.linear
 
@@ -90,12 +97,6 @@ def test_a_copy_takes_batches_from_copy_rows(monkeypatch, n: int):
         called.append("copy" if weight is copy else "other")
         return linear(x, weight, bias)
 
-    monkeypatch.setattr(
-        quant_matvec, "quant_matvec", lambda x, *a, **k: called.append("matvec") or torch.zeros(x.shape[0], n)
-    )
-    monkeypatch.setattr(
-        quant_matmul, "quant_matmul", lambda x, *a, **k: called.append("matmul") or torch.zeros(x.shape[0], n)
-    )
     monkeypatch.setattr(torch.nn.functional, "linear", read)
     for rows, kernel in {4: "matvec", 5: "copy", 64: "copy", 65: "copy"}.items():
         called.clear()
@@ -103,12 +104,7 @@ def test_a_copy_takes_batches_from_copy_rows(monkeypatch, n: int):
         assert called == [kernel], (rows, called)
     # x of another dtype than the copy's: the paths of a weight without one.
     other = torch.float16 if layer.dense.dtype != torch.float16 else torch.float32
-    monkeypatch.setattr(
-        dequant_packed,
-        "dequantize_packed",
-        lambda w, dtype: called.append("dequant") or torch.zeros(n, 32, dtype=dtype),
-    )
-    for rows, kernel in {5: "matmul", 63: "matmul", 65: "dequant"}.items():
+    for rows, kernel in {5: "matmul", 63: "matmul", 65: "dense"}.items():
         called.clear()
         layer(torch.zeros(rows, 32, dtype=other))
         assert called[0] == kernel, (rows, called)
