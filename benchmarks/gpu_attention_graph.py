@@ -10,12 +10,13 @@ also measures Python's launch path. Decode replays graphs, and a step's layers e
 K/V (the 0.5B at 32k: 24 layers of 16 MB, well past the 50 MB L2). So here each config is captured
 as a graph of one call per layer, each on its own cache, and the median replay time over the calls
 is the per-layer figure. Every config is first checked against a float32 softmax reference on fresh
-random inputs, output poisoned with NaN; a failing config is not timed. Splits are used in full
-by default (`--min-split-len 1`, as the engine runs them: the context cut into num_splits parts);
-a larger min_split_len caps a sequence's live splits at cdiv(context, it), as STRATA_LIVE_SPLITS does.
-Stage 0 stands for Triton's default. `--bound N` chooses the "before" split count for contexts of up
-to N positions, as a CUDA graph does for every context up to the sequence's most positions (the
-0.5B at 640 positions then runs 64 splits of 10 positions each); without it, for the case's context.
+random inputs, output poisoned with NaN; a failing config is not timed. By default (`--min-split-len
+1`, as the engine runs them) a sequence uses as many splits as its context fills at a tile each (the
+kernel floors min_split_len at block_t); a larger min_split_len caps its live splits at cdiv(context,
+it), as STRATA_LIVE_SPLITS does. Stage 0 stands for Triton's default. `--bound N` chooses the "before"
+split count for contexts of up to N positions, as a CUDA graph does for every context up to the
+sequence's most positions (the 0.5B at 640 positions then launches 64 splits, of which 5 hold a tile
+of 128 positions and the rest return at once); without it, for the case's context.
 
 The table lists per case the launch that was the default until 2026-12-06 (choose_num_splits,
 block_t 64, 4 warps, Triton's default stages; since then `default_launch` picks block_t 128 in two
