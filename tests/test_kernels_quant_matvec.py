@@ -310,7 +310,7 @@ def test_raw_bytes_and_one_row(qtype: GGMLQuantizationType):
     # Unpacked bytes are packed by the call itself; a single output row and a single K block.
     k = k_for(qtype, 1)
     raw = random_weight(qtype, 1, k, seed=7)
-    x = torch.randn(1, k)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(7))
     ref = x.double() @ dequantize(raw, qtype, (1, k)).double().T
     y = quant_matvec(x.to(DEVICE), raw.to(DEVICE), qtype, 1, k).cpu().double()
     assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5)
