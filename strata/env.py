@@ -236,8 +236,24 @@ def short_graphs() -> int:
     whole length. Eager decode steps split by the same bound. 256 is the split length of
     STRATA_LIVE_SPLITS, under which the two sets give the same bits; without it, the same bits only
     within one tile of 64 positions (see `live_splits`). Measured (H100, 2026-12-05): 0.5B decode
-    0.967x alone and 1.099x over live splits, 7B 0.978x."""
+    0.967x alone and 1.099x over live splits, 7B 0.978x. `short_attention` gives the set a launch of
+    its own."""
     return _integer("STRATA_SHORT_GRAPHS", 0, 0)
+
+
+def short_attention() -> tuple[int, int, int]:
+    """(splits, block_t, stages): the paged decode attention launch of the short set of graphs
+    (STRATA_SHORT_GRAPHS), from STRATA_SHORT_SPLITS (splits per sequence; 0, the default: chosen for
+    the short bound, as for the long set), STRATA_SHORT_BLOCK_T and STRATA_SHORT_STAGES (0: the long
+    set's, `decode_attention_launch`). A short context fills few splits of a graph captured for the
+    pool's whole length, and at 640 positions in graphs (H100, 2026-12-06) 16 splits of 64-position
+    tiles in two stages took 4.17 us a layer (0.5B) and 5.44 (7B) against the default launch's 4.80
+    and 6.64, while 128-position tiles win at 32k. Off until timed end to end."""
+    return (
+        _integer("STRATA_SHORT_SPLITS", 0, 0, 1024),
+        _integer("STRATA_SHORT_BLOCK_T", 0, 0, 256),
+        _integer("STRATA_SHORT_STAGES", 0, 0, 8),
+    )
 
 
 def decode_splits() -> tuple[int, int]:

@@ -1,28 +1,54 @@
-"""Which bound decode attention splits a step's contexts by (`cuda_graphs.context_bound`): the same
-rule picks the captured graph set and the eager path's bound, so the two agree."""
+"""Which decode graphs and attention launch a step takes (`cuda_graphs.ShortGraphs`, `paged_decode`):
+the same rule picks the captured graph set and the eager path's launch, so the two agree."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from strata import env
-from strata.engine.cuda_graphs import context_bound
+from strata.engine.cuda_graphs import ShortGraphs, paged_decode
 
 
 @pytest.mark.parametrize(
-    "max_context,short,expected",
-    [(1, 0, 2048), (100, 256, 256), (256, 256, 256), (257, 256, 2048), (10, 2048, 2048), (10, 4096, 2048)],
+    "max_context,positions,expected",
+    [
+        (1, 0, False),
+        (100, 256, True),
+        (256, 256, True),
+        (257, 256, False),
+        (10, 2048, False),
+        (10, 4096, False),
+    ],
 )
-def test_context_bound(max_context: int, short: int, expected: int):
+def test_short_set_serves(max_context: int, positions: int, expected: bool):
     # Off (0), within the short bound, one past it, and a short bound not below the longest context.
-    assert context_bound(max_context, 2048, short) == expected
+    assert ShortGraphs(positions).serves(max_context, 2048) == expected
 
 
-def test_setting(monkeypatch):
-    monkeypatch.delenv("STRATA_SHORT_GRAPHS", raising=False)
-    assert env.short_graphs() == 0
-    monkeypatch.setenv("STRATA_SHORT_GRAPHS", "256")
-    assert env.short_graphs() == 256
+def test_launch_of_each_set():
+    tables, lens = torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    short = ShortGraphs(256, splits=16, block_t=64, stages=2)
+    long = paged_decode(tables, lens, 16, 2048, short, is_short=False)
+    assert (long.max_context_len, long.num_splits, long.block_t, long.num_stages) == (2048, None, 0, 0)
+    fast = paged_decode(tables, lens, 16, 2048, short, is_short=True)
+    assert (fast.max_context_len, fast.num_splits, fast.block_t, fast.num_stages) == (256, 16, 64, 2)
+    chosen = paged_decode(tables, lens, 16, 2048, ShortGraphs(256), is_short=True)
+    assert (chosen.max_context_len, chosen.num_splits, chosen.block_t) == (256, None, 0)
+
+
+def test_settings(monkeypatch):
+    for name in ("STRATA_SHORT_GRAPHS", "STRATA_SHORT_SPLITS", "STRATA_SHORT_BLOCK_T", "STRATA_SHORT_STAGES"):
+        monkeypatch.delenv(name, raising=False)
+    assert ShortGraphs.from_env() == ShortGraphs()
+    monkeypatch.setenv("STRATA_SHORT_GRAPHS", "2048")
+    monkeypatch.setenv("STRATA_SHORT_SPLITS", "16")
+    monkeypatch.setenv("STRATA_SHORT_BLOCK_T", "64")
+    monkeypatch.setenv("STRATA_SHORT_STAGES", "2")
+    assert ShortGraphs.from_env() == ShortGraphs(2048, 16, 64, 2)
     monkeypatch.setenv("STRATA_SHORT_GRAPHS", "-1")
     with pytest.raises(ValueError, match="STRATA_SHORT_GRAPHS='-1' must be an integer of at least 0"):
         env.short_graphs()
+    monkeypatch.setenv("STRATA_SHORT_BLOCK_T", "512")
+    with pytest.raises(ValueError, match="STRATA_SHORT_BLOCK_T='512' must be an integer from 0 to 256"):
+        env.short_attention()

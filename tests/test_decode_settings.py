@@ -7,7 +7,8 @@ logits are compared.
 - STRATA_ACT_IN_QUANT=0: the gated activation launched on its own (default: inside x's quantization)
 - STRATA_LIVE_SPLITS=1: decode attention runs only the splits each context fills
 - STRATA_ROPE_IN_ATTENTION=1: decode attention rotates q and writes the new K/V itself
-- STRATA_SHORT_GRAPHS=256: short contexts split by a bound of 256 positions
+- STRATA_SHORT_GRAPHS=256: short contexts split by a bound of 256 positions (and with
+  STRATA_SHORT_SPLITS/_BLOCK_T/_STAGES, launched as those say)
 - STRATA_NORM_IN_MATVEC=1 (with int8 x off): one-row steps' norms in the projections' loads and
   residual adds in their stores
 """
@@ -154,6 +155,18 @@ def test_short_context_bound(model: Path, defaults: Run):
     assert_same_bits(short, defaults)
     assert {kw["max_context_len"] for kw in defaults.attention} == {2048}
     assert {kw["max_context_len"] for kw in short.attention} == {256}
+
+
+def test_short_attention_launch(model: Path, defaults: Run):
+    # The short set's own launch (STRATA_SHORT_SPLITS, _BLOCK_T, _STAGES) reaches the kernel; these
+    # contexts (10 and 11 positions) fill one tile of either size, so the bits are the defaults'.
+    short = decode(model, SHORT_GRAPHS="256", SHORT_SPLITS="4", SHORT_BLOCK_T="16", SHORT_STAGES="2")
+    assert_same_bits(short, defaults)
+    launches = {
+        (kw["max_context_len"], kw["num_splits"], kw["block_t"], kw["num_stages"]) for kw in short.attention
+    }
+    assert launches == {(256, 4, 16, 2)}
+    assert {(kw["num_splits"], kw["block_t"]) for kw in defaults.attention} == {(None, None)}
 
 
 def test_norm_in_matvec(model: Path):

@@ -244,6 +244,16 @@ def test_gpu_rope_in_attention_keeps_the_tokens(monkeypatch, tmp_path: Path) -> 
 
 
 @cuda_only
+def test_gpu_short_graphs_launch_as_eager(monkeypatch, tmp_path: Path) -> None:
+    # The short set's own attention launch (16 splits of 64-position tiles in two stages) captured in
+    # graphs gives the ids of the same launch run eagerly (the rule that picks the set is shared).
+    path = tiny(tmp_path, "qwen2.5-0.5b-tiny")
+    for name, value in (("GRAPHS", "2048"), ("SPLITS", "16"), ("BLOCK_T", "64"), ("STAGES", "2")):
+        monkeypatch.setenv(f"STRATA_SHORT_{name}", value)
+    assert bf16_ids(path) == bf16_ids(path, cuda_graphs=False)
+
+
+@cuda_only
 def test_gpu_concurrent_projections_keep_the_tokens(monkeypatch, tmp_path: Path) -> None:
     # STRATA_CONCURRENT_PROJECTIONS: the 1.5B layout's Q4_K q+k and Q6_K v (separate launches) on two
     # streams, parallel branches of the captured graphs, and eagerly; the same kernels: the same ids.

@@ -12,9 +12,11 @@ writing its K/V to a scratch slot outside the pool and attending only to that sl
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from strata import env
 from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode
 from strata.engine.step_inputs import StepInputs
 from strata.models.base import DecoderModel
@@ -22,11 +24,43 @@ from strata.models.base import DecoderModel
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
-def context_bound(max_context: int, max_positions: int, short: int) -> int:
-    """The bound that decode attention splits a step's contexts by (`PagedDecode.max_context_len`):
-    `short` where every context fits in it and it is below a sequence's most positions
-    (STRATA_SHORT_GRAPHS), else those, so that a step splits alike with or without a captured graph."""
-    return short if 0 < short < max_positions and max_context <= short else max_positions
+@dataclass(frozen=True)
+class ShortGraphs:
+    """The second set of decode graphs, for steps whose contexts all fit in `positions` (0: none;
+    STRATA_SHORT_GRAPHS), and its attention launch (`env.short_attention`): `splits` per sequence (0:
+    chosen for `positions`), `block_t` and `stages` (0: the long set's)."""
+
+    positions: int = 0
+    splits: int = 0
+    block_t: int = 0
+    stages: int = 0
+
+    @classmethod
+    def from_env(cls) -> ShortGraphs:
+        return cls(env.short_graphs(), *env.short_attention())
+
+    def serves(self, max_context: int, max_positions: int) -> bool:
+        """Whether a step whose longest context is `max_context` runs the short set."""
+        return 0 < self.positions < max_positions and max_context <= self.positions
+
+
+def paged_decode(
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_size: int,
+    max_positions: int,
+    short: ShortGraphs,
+    is_short: bool,
+) -> PagedDecode:
+    """How decode attention splits and tiles a step (the short set's launch or the pool's whole
+    length), one rule for the captured graphs and the eager path, so that a step splits alike with or
+    without a graph and its result never depends on whether its batch fit one."""
+    if not is_short:
+        return PagedDecode(block_tables, context_lens, block_size, max_positions)
+    return PagedDecode(
+        block_tables, context_lens, block_size, short.positions, short.splits or None, short.block_t,
+        short.stages,
+    )  # fmt: skip
 
 
 @torch.inference_mode()
@@ -50,7 +84,7 @@ def capture_graph(
 
 class DecodeGraphs:
     """Captured decode steps over `kv`; `scratch_block` is a block the block manager never hands out.
-    `short` (STRATA_SHORT_GRAPHS, 0 for none): a second set bounded by that many positions.
+    `short`: a second set for short contexts (none by default).
     `capture=False` (tests on the CPU) runs each step's body eagerly on the same buffers instead."""
 
     def __init__(
@@ -61,7 +95,7 @@ class DecodeGraphs:
         max_blocks: int,
         scratch_block: int,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-        short: int = 0,
+        short: ShortGraphs = ShortGraphs(),
         capture: bool = True,
     ) -> None:
         if not batch_sizes or min(batch_sizes) < 1:
@@ -74,30 +108,32 @@ class DecodeGraphs:
         self.ids, self.positions, self.slots = views.ids, views.positions, views.slots
         self.context_lens, self.block_tables = views.context_lens, views.block_tables
         self.max_positions, self.short = max_blocks * block_size, short
-        bounds = {self.max_positions, context_bound(0, self.max_positions, self.short)}
+        variants = (False, True) if short.serves(0, self.max_positions) else (False,)
         self.model, self.kv, self.capture = model, kv, capture
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         if capture:
             pool = torch.cuda.graph_pool_handle()
             # Largest first, so the smaller graphs fit in the memory the largest one reserved.
             for size in reversed(self.sizes):
-                for bound in sorted(bounds, reverse=True):
-                    self.graphs[size, bound] = self._capture(size, bound, pool)
+                for is_short in variants:
+                    self.graphs[size, is_short] = self._capture(size, is_short, pool)
 
     @property
     def max_batch(self) -> int:
         return self.sizes[-1]
 
-    def _metadata(self, size: int, bound: int) -> AttentionMetadata:
-        paged = PagedDecode(self.block_tables[:size], self.context_lens[:size], self.block_size, bound)
+    def _metadata(self, size: int, is_short: bool) -> AttentionMetadata:
+        tables, lens = self.block_tables[:size], self.context_lens[:size]
+        paged = paged_decode(tables, lens, self.block_size, self.max_positions, self.short, is_short)
         return AttentionMetadata(self.positions[:size], self.slots[:size], (1,) * size, (), paged=paged)
 
-    def _body(self, size: int, bound: int) -> torch.Tensor:
-        return self.model.compute_logits(self.model(self.ids[:size], self.kv, self._metadata(size, bound)))
+    def _body(self, size: int, is_short: bool) -> torch.Tensor:
+        meta = self._metadata(size, is_short)
+        return self.model.compute_logits(self.model(self.ids[:size], self.kv, meta))
 
-    def _capture(self, size: int, bound: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, size: int, is_short: bool, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # The buffers hold padding, so the warm-up runs write only the scratch slot.
-        return capture_graph(lambda: self._body(size, bound), pool)
+        return capture_graph(lambda: self._body(size, is_short), pool)
 
     def run(
         self,
@@ -113,12 +149,12 @@ class DecodeGraphs:
         output: read it before the next step."""
         batch = len(ids)
         size = next(s for s in self.sizes if s >= batch)
-        bound = context_bound(max(positions) + 1, self.max_positions, self.short)
+        is_short = self.short.serves(max(positions) + 1, self.max_positions)
         self.inputs.upload(size, ids, positions, slots, block_tables)
         if device_ids is not None:
             self.ids[:batch].copy_(device_ids)
         if not self.capture:
-            return self._body(size, bound)[:batch]
-        graph, logits = self.graphs[size, bound]
+            return self._body(size, is_short)[:batch]
+        graph, logits = self.graphs[size, is_short]
         graph.replay()
         return logits[:batch]

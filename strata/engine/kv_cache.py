@@ -67,6 +67,8 @@ class PagedDecode:
     block_size: int
     max_context_len: int  # an upper bound of context_lens, known on the host
     num_splits: int | None = None  # None: paged_decode_attention's choice for max_context_len
+    block_t: int = 0  # positions a loop step; 0: the launch that STRATA_ATTN_BLOCK_T gives
+    num_stages: int = 0  # the split kernel's pipelining depth; 0: STRATA_ATTN_STAGES's
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from strata import env
-from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs, context_bound
-from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, PagedPrefill, slot_of, slots_of
+from strata.engine.cuda_graphs import DEFAULT_BATCH_SIZES, DecodeGraphs, ShortGraphs, paged_decode
+from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedPrefill, slot_of, slots_of
 from strata.engine.prefill_graphs import NewTokens, PrefillGraphs
 from strata.engine.sequence import Sequence
 from strata.models.base import DecoderModel
@@ -105,7 +104,7 @@ class ModelRunner:
         kv_heads = model.place.tp.local(s.num_kv_heads)
         self.kv = KVCache(s.num_layers, slots, kv_heads, s.head_dim, model.dtype, model.device)
         self.max_blocks = -(-s.context_length // block_size)
-        self.short = env.short_graphs()  # a second bound for decode attention's splits, 0 for none
+        self.short = ShortGraphs.from_env()  # a second set of decode graphs for short contexts
         self.graphs: DecodeGraphs | None = None
         # Not yet with tensor parallelism: capturing the collectives (and replaying them on every rank
         # in step) is unwritten, so those decode steps run eagerly.
@@ -179,14 +178,11 @@ class ModelRunner:
 
     def _prepare_paged_decode(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
         ids, positions, slots = _decode_inputs(batch.seqs, self.block_size)
-        paged = PagedDecode(
-            block_tables=self._block_tables(batch.seqs),
-            context_lens=torch.tensor([p + 1 for p in positions], dtype=torch.int32, device=self.device),
-            block_size=self.block_size,
-            # The captured graphs' bound, so attention splits the same way with or without a graph
-            # and a step's result never depends on whether its batch fit one.
-            max_context_len=context_bound(max(positions) + 1, self.max_blocks * self.block_size, self.short),
-        )
+        max_positions = self.max_blocks * self.block_size
+        lens = torch.tensor([p + 1 for p in positions], dtype=torch.int32, device=self.device)
+        is_short = self.short.serves(max(positions) + 1, max_positions)
+        tables = self._block_tables(batch.seqs)
+        paged = paged_decode(tables, lens, self.block_size, max_positions, self.short, is_short)
         meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
