@@ -46,3 +46,13 @@ def test_host_profile_runs_on_the_cpu(tmp_path: Path, script: str, args: list[st
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert expected in done.stdout and "function calls" in done.stdout
+
+
+def test_latency_floor_chain_runs_on_the_cpu():
+    # The chain kernel in the interpreter, its sums checked (the persistent kernel needs a GPU).
+    pytest.importorskip("triton")
+    script = str(BENCHMARKS / "latency_floor.py")
+    args = [sys.executable, script, "--device", "cpu", "--kib", "0,16"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "chain sums checked in the interpreter (2 sizes)" in done.stdout
