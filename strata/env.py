@@ -243,9 +243,10 @@ def short_graphs() -> int:
 
 def short_attention() -> tuple[int, int, int]:
     """(splits, block_t, stages): the paged decode attention launch of the short set of graphs
-    (STRATA_SHORT_GRAPHS), from STRATA_SHORT_SPLITS (splits per sequence; 0, the default: chosen for
-    the short bound, as for the long set), STRATA_SHORT_BLOCK_T and STRATA_SHORT_STAGES (0: the long
-    set's, `decode_attention_launch`). A short context fills few splits of a graph captured for the
+    (STRATA_SHORT_GRAPHS), from STRATA_SHORT_SPLITS (at most that many splits a sequence, counted as
+    for the long set, so many sequences still take few; 0, the default: as many as a context of the
+    short bound takes), STRATA_SHORT_BLOCK_T and STRATA_SHORT_STAGES (0: the long set's,
+    `decode_attention_launch`). A short context fills few splits of a graph captured for the
     pool's whole length, and at 640 positions in graphs (H100, 2026-12-06) 16 splits of 64-position
     tiles in two stages took 4.17 us a layer (0.5B) and 5.44 (7B) against the default launch's 4.80
     and 6.64, while 128-position tiles win at 32k. Off until timed end to end."""

@@ -30,11 +30,17 @@ def test_launch_of_each_set():
     tables, lens = torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
     short = ShortGraphs(256, splits=16, block_t=64, stages=2)
     long = paged_decode(tables, lens, 16, 2048, short, is_short=False)
-    assert (long.max_context_len, long.num_splits, long.block_t, long.num_stages) == (2048, None, 0, 0)
-    fast = paged_decode(tables, lens, 16, 2048, short, is_short=True)
-    assert (fast.max_context_len, fast.num_splits, fast.block_t, fast.num_stages) == (256, 16, 64, 2)
+    fields = ("max_context_len", "num_splits", "max_splits", "block_t", "num_stages")
+
+    def launch(paged):
+        return tuple(getattr(paged, name) for name in fields)
+
+    assert launch(long) == (2048, None, 0, 0, 0)
+    # A cap on the splits: counted for the long set's bound, at most 16.
+    assert launch(paged_decode(tables, lens, 16, 2048, short, is_short=True)) == (2048, None, 16, 64, 2)
+    # No cap: split for the short bound.
     chosen = paged_decode(tables, lens, 16, 2048, ShortGraphs(256), is_short=True)
-    assert (chosen.max_context_len, chosen.num_splits, chosen.block_t) == (256, None, 0)
+    assert launch(chosen) == (256, None, 0, 0, 0)
 
 
 def test_settings(monkeypatch):

@@ -162,10 +162,9 @@ def test_short_attention_launch(model: Path, defaults: Run):
     # contexts (10 and 11 positions) fill one tile of either size, so the bits are the defaults'.
     short = decode(model, SHORT_GRAPHS="256", SHORT_SPLITS="4", SHORT_BLOCK_T="16", SHORT_STAGES="2")
     assert_same_bits(short, defaults)
-    launches = {
-        (kw["max_context_len"], kw["num_splits"], kw["block_t"], kw["num_stages"]) for kw in short.attention
-    }
-    assert launches == {(256, 4, 16, 2)}
+    keys = ("max_context_len", "num_splits", "max_splits", "block_t", "num_stages")
+    launches = {tuple(kw[key] for key in keys) for kw in short.attention}
+    assert launches == {(2048, None, 4, 16, 2)}  # at most 4 splits, counted for the model's 2,048
     assert {(kw["num_splits"], kw["block_t"]) for kw in defaults.attention} == {(None, None)}
 
 

@@ -27,8 +27,9 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 @dataclass(frozen=True)
 class ShortGraphs:
     """The second set of decode graphs, for steps whose contexts all fit in `positions` (0: none;
-    STRATA_SHORT_GRAPHS), and its attention launch (`env.short_attention`): `splits` per sequence (0:
-    chosen for `positions`), `block_t` and `stages` (0: the long set's)."""
+    STRATA_SHORT_GRAPHS), and its attention launch (`env.short_attention`): at most `splits` a
+    sequence, counted as for the long set (0: as many as a context of `positions` takes), `block_t`
+    and `stages` (0: the long set's)."""
 
     positions: int = 0
     splits: int = 0
@@ -57,9 +58,11 @@ def paged_decode(
     without a graph and its result never depends on whether its batch fit one."""
     if not is_short:
         return PagedDecode(block_tables, context_lens, block_size, max_positions)
+    # With a cap the split count follows the long set's rule (many sequences take few splits).
+    bound = max_positions if short.splits else short.positions
     return PagedDecode(
-        block_tables, context_lens, block_size, short.positions, short.splits or None, short.block_t,
-        short.stages,
+        block_tables, context_lens, block_size, bound, block_t=short.block_t, num_stages=short.stages,
+        max_splits=short.splits,
     )  # fmt: skip
 
 

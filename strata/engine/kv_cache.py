@@ -69,6 +69,7 @@ class PagedDecode:
     num_splits: int | None = None  # None: paged_decode_attention's choice for max_context_len
     block_t: int = 0  # positions a loop step; 0: the launch that STRATA_ATTN_BLOCK_T gives
     num_stages: int = 0  # the split kernel's pipelining depth; 0: STRATA_ATTN_STAGES's
+    max_splits: int = 0  # the most splits a sequence when num_splits is None; 0: STRATA_MAX_SPLITS's
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class Attention(nn.Module):
             block_size=paged.block_size, scale=self.scale, window=self.window,
             num_splits=paged.num_splits, max_context_len=paged.max_context_len,
             min_split_len=split_len if env.live_splits() else 1, new_kv=new_kv,
-            max_splits=max_splits, programs_per_sm=programs_per_sm, split_len=split_len,
+            max_splits=paged.max_splits or max_splits, programs_per_sm=programs_per_sm, split_len=split_len,
             block_t=paged.block_t or block_t or None, num_warps=warps,
             num_stages=paged.num_stages or stages or None,
         )  # fmt: skip
