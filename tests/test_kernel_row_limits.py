@@ -20,6 +20,7 @@ from strata.layers.linear import WIDE_ROWS, QuantLinear  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
 
 T = GGMLQuantizationType
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the copy is dequantized by a kernel there
 
 
 def test_defaults_and_errors(monkeypatch):
@@ -61,7 +62,9 @@ def record_kernels(monkeypatch, n: int) -> list[str]:
     def record(name):
         def run(x, *args, **kwargs):  # x (rows, 32) for the fused kernels; (packed, dtype) for dense
             called.append(name)
-            return torch.zeros(n, 32, dtype=args[0]) if name == "dense" else torch.zeros(x.shape[0], n)
+            if name == "dense":
+                return torch.zeros(n, 32, dtype=args[0], device=x.device)
+            return torch.zeros(x.shape[0], n, device=x.device)
 
         return run
 
@@ -86,8 +89,8 @@ def test_a_copy_takes_batches_from_copy_rows(monkeypatch, n: int):
     monkeypatch.setenv("STRATA_DENSE_COPY", "1")
     monkeypatch.setenv("STRATA_DENSE_WIDE", "1")
     monkeypatch.delenv("STRATA_COPY_ROWS", raising=False)
-    raw = torch.zeros(n, 34, dtype=torch.uint8)
-    layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(kernels=True))
+    raw = torch.zeros(n, 34, dtype=torch.uint8, device=DEVICE)
+    layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(device=torch.device(DEVICE), kernels=True))
     assert layer.dense is not None
     called = record_kernels(monkeypatch, n)
     copy = layer.dense
@@ -100,18 +103,18 @@ def test_a_copy_takes_batches_from_copy_rows(monkeypatch, n: int):
     monkeypatch.setattr(torch.nn.functional, "linear", read)
     for rows, kernel in {4: "matvec", 5: "copy", 64: "copy", 65: "copy"}.items():
         called.clear()
-        layer(torch.zeros(rows, 32, dtype=layer.dense.dtype))
+        layer(torch.zeros(rows, 32, dtype=layer.dense.dtype, device=DEVICE))
         assert called == [kernel], (rows, called)
     # x of another dtype than the copy's: the paths of a weight without one.
     other = torch.float16 if layer.dense.dtype != torch.float16 else torch.float32
     for rows, kernel in {5: "matmul", 63: "matmul", 65: "dense"}.items():
         called.clear()
-        layer(torch.zeros(rows, 32, dtype=other))
+        layer(torch.zeros(rows, 32, dtype=other, device=DEVICE))
         assert called[0] == kernel, (rows, called)
     monkeypatch.setenv("STRATA_COPY_ROWS", "9")
-    layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(kernels=True))
+    layer = QuantLinear(raw, T.Q8_0, (n, 32), Placement(device=torch.device(DEVICE), kernels=True))
     copy = layer.dense
     for rows, kernel in {8: "matmul", 9: "copy"}.items():
         called.clear()
-        layer(torch.zeros(rows, 32, dtype=layer.dense.dtype))
+        layer(torch.zeros(rows, 32, dtype=layer.dense.dtype, device=DEVICE))
         assert called == [kernel], (rows, called)
