@@ -8,12 +8,14 @@ times the chain's floor with nothing else in it, three ways, each as us per stag
 
 - `graph`: `--stages` kernels captured in one CUDA graph, launched ordinarily;
 - `graph+pdl`: the same with programmatic dependent launch (`strata.kernels.pdl`, as a decode step);
-- `barrier`: one persistent kernel of one program per SM whose stages are separated by a grid-wide
-  barrier (an arrival counter in global memory, spun on), the design of a per-layer "megakernel".
+- `barrier`: one persistent kernel of as many programs as SMs (at most; all must be resident at once,
+  or it would spin forever) whose stages are separated by a grid-wide barrier (an arrival counter in
+  global memory, spun on), the design of a per-layer "megakernel".
 
-Each stage's programs read `--kib` KiB of weights between them (0: none, the pure handoff; 512: about a
-small matvec of the 0.5B), and each stage reads the value the stage before it wrote, summed per
-program: the run fails if any program of any stage read a stale value (a broken wait or barrier).
+Each stage's programs read `--kib` KiB of weights between them (0: one weight a program, the handoff
+alone; 512: about a small matvec of the 0.5B), and each stage reads the value the stage before it
+wrote, summed per program: the run fails if any program of any stage read a stale value (a broken
+wait or barrier).
 The table says, per weight size, what a stage costs in each design and the barrier's ratio to PDL:
 a per-layer persistent kernel is worth building only if its barrier is much cheaper than a kernel
 boundary under PDL. `--device cpu` checks the kernels' sums in Triton's interpreter at a few stages
@@ -26,18 +28,29 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--stages", type=int, default=240)
+    p.add_argument("--kib", default="0,512", help="KiB of weights a stage reads, comma-separated")
+    p.add_argument("--programs", type=int, default=0, help="programs a stage (0: as many as SMs)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--device", default="cuda")
+    return p.parse_args()
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.device == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-import torch
-import triton
-import triton.language as tl
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
-from strata.kernels.pdl import AVAILABLE, await_inputs
+from strata.kernels.pdl import AVAILABLE, await_inputs  # noqa: E402
 
 BLOCK = 1024  # fp16 weights a program loads per loop step
 
@@ -157,15 +170,7 @@ def timed(body: Callable[[], None], b: Buffers, stages: int, repeats: int) -> fl
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stages", type=int, default=240)
-    p.add_argument(
-        "--kib", default="0,512", help="weights all of a stage's programs read, KiB, comma-separated"
-    )
-    p.add_argument("--programs", type=int, default=0, help="programs a stage (0: one per SM)")
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--device", default="cuda")
-    args = p.parse_args()
+    args = ARGS or parse_args()
     device = torch.device(args.device)
     sizes = [int(k) for k in args.kib.split(",")]
     if device.type == "cpu":
@@ -175,7 +180,10 @@ def main() -> None:
             check(b, 4, 1)
         print(f"chain sums checked in the interpreter ({len(sizes)} sizes); time on a GPU")
         return
-    programs = args.programs or torch.cuda.get_device_properties(device).multi_processor_count
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if args.programs > sms:
+        raise SystemExit(f"--programs {args.programs}: at most the {sms} SMs, or the barrier never opens")
+    programs = args.programs or sms
     pdl = AVAILABLE and torch.cuda.get_device_capability(device)[0] >= 9
     print(f"{torch.cuda.get_device_name(device)}: {programs} programs a stage, {args.stages} stages")
     rows = []

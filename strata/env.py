@@ -231,30 +231,35 @@ def decode_steps() -> int:
 
 def short_graphs() -> int:
     """STRATA_SHORT_GRAPHS (positions; default 0, off, until timed): decode steps whose contexts all fit
-    in that many positions run graphs captured for that bound (a second set, one per batch size), whose
-    attention takes one split per KV head and launches no merge; longer ones the graphs for the pool's
-    whole length. Eager decode steps split by the same bound. 256 is the split length of
-    STRATA_LIVE_SPLITS, under which the two sets give the same bits; without it, the same bits only
-    within one tile of 64 positions (see `live_splits`). Measured (H100, 2026-12-05): 0.5B decode
-    0.967x alone and 1.099x over live splits, 7B 0.978x. `short_attention` gives the set a launch of
-    its own."""
+    in that many positions run graphs captured for that bound (a second set, one per batch size); at a
+    bound of up to STRATA_SPLIT_LEN (256) and the default short launch (`short_attention`) their
+    attention takes one split per KV head and launches no merge; longer contexts run the graphs for the
+    pool's whole length. Eager decode steps split by the same rule. Under STRATA_LIVE_SPLITS, with the
+    default short launch, the two sets give the same bits; without it, the same bits only within one
+    tile of 64 positions (see `live_splits`); a short launch of its own moves them further. Measured
+    (H100, 2026-12-05): 0.5B decode 0.967x alone and 1.099x over live splits, 7B 0.978x.
+    `short_attention` gives the set a launch of its own."""
     return _integer("STRATA_SHORT_GRAPHS", 0, 0)
 
 
 def short_attention() -> tuple[int, int, int]:
     """(splits, block_t, stages): the paged decode attention launch of the short set of graphs
-    (STRATA_SHORT_GRAPHS), from STRATA_SHORT_SPLITS (at most that many splits a sequence, counted as
-    for the long set, so many sequences still take few; 0, the default: as many as a context of the
-    short bound takes), STRATA_SHORT_BLOCK_T and STRATA_SHORT_STAGES (0: the long set's,
-    `decode_attention_launch`). A short context fills few splits of a graph captured for the
-    pool's whole length, and at 640 positions in graphs (H100, 2026-12-06) 16 splits of 64-position
-    tiles in two stages took 4.17 us a layer (0.5B) and 5.44 (7B) against the default launch's 4.80
-    and 6.64, while 128-position tiles win at 32k. Off until timed end to end."""
-    return (
-        _integer("STRATA_SHORT_SPLITS", 0, 0, 1024),
-        _integer("STRATA_SHORT_BLOCK_T", 0, 0, 256),
-        _integer("STRATA_SHORT_STAGES", 0, 0, 8),
-    )
+    (STRATA_SHORT_GRAPHS; without it these do nothing), from STRATA_SHORT_SPLITS (at most that many
+    splits a sequence, counted as for the long set, so many sequences still take few: it replaces
+    STRATA_MAX_SPLITS for the short set, and may give more splits than 0 does; 0, the default: as many
+    as a context of the short bound takes), STRATA_SHORT_BLOCK_T (a power of two from 16) and
+    STRATA_SHORT_STAGES (0: the long set's, `decode_attention_launch`). A short context fills few
+    splits of a graph captured for the pool's whole length, and at 640 positions in graphs (H100,
+    2026-12-06) 16 splits of 64-position tiles in two stages took 4.17 us a layer (0.5B) and 5.44 (7B)
+    against the default launch's 4.80 and 6.64, while 128-position tiles win at 32k. End to end as a
+    fixed 16 splits (H200): 1.005-1.050 at one to eight sequences, 0.967 on the 7B at 64 (hence the
+    cap); off until the cap is timed."""
+    block_t = _integer("STRATA_SHORT_BLOCK_T", 0, 0, 256)
+    if block_t and (block_t < 16 or block_t & (block_t - 1)):
+        raise ValueError(
+            f"STRATA_SHORT_BLOCK_T={block_t} must be a power of two from 16 to 256; unset it for 0"
+        )
+    return _integer("STRATA_SHORT_SPLITS", 0, 0, 1024), block_t, _integer("STRATA_SHORT_STAGES", 0, 0, 8)
 
 
 def decode_splits() -> tuple[int, int]:

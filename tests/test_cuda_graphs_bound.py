@@ -58,3 +58,7 @@ def test_settings(monkeypatch):
     monkeypatch.setenv("STRATA_SHORT_BLOCK_T", "512")
     with pytest.raises(ValueError, match="STRATA_SHORT_BLOCK_T='512' must be an integer from 0 to 256"):
         env.short_attention()
+    for bad in ("8", "48"):
+        monkeypatch.setenv("STRATA_SHORT_BLOCK_T", bad)
+        with pytest.raises(ValueError, match=f"STRATA_SHORT_BLOCK_T={bad} must be a power of two from 16"):
+            env.short_attention()
