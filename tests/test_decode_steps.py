@@ -55,7 +55,9 @@ def engine_for(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
         if graphs:
             r = engine.runner
             sizes = (1, 2, 4)
-            r.graphs = DecodeGraphs(r.model, r.kv, r.block_size, r.max_blocks, BLOCKS, sizes, capture=False)
+            r.graphs = DecodeGraphs(
+                r.model, r.kv, r.block_size, r.max_blocks, BLOCKS, sizes, r.short, capture=False
+            )
             ahead = r.argmax_steps
             r.argmax_steps = lambda batch, steps: ran.append(steps) or ahead(batch, steps)  # type: ignore[method-assign]
         return engine, ran
@@ -96,3 +98,32 @@ def test_a_request_that_needs_the_host_keeps_single_steps(engine_for, single, mo
     params.append(SamplingParams(max_tokens=TOKENS, ignore_eos=True, logprobs=True))
     engine, ran = engine_for(graphs=True)
     assert run(engine, params) == single and ran == []
+
+
+def test_short_graphs_launch_attention_as_eager_steps(engine_for, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A short set with a launch of its own (at most 4 splits of 16-position tiles in 2 stages): the
+    # uncaptured graphs call decode attention as the eager path does, at contexts of up to 41
+    # positions (3 tiles, so splits merge), and give its tokens.
+    import strata.kernels.paged_attention as paged_attention
+
+    for name, value in (("GRAPHS", "128"), ("SPLITS", "4"), ("BLOCK_T", "16"), ("STAGES", "2")):
+        monkeypatch.setenv(f"STRATA_SHORT_{name}", value)
+    monkeypatch.setenv("STRATA_DECODE_STEPS", "1")
+    attend, keys = paged_attention.paged_decode_attention, ("max_context_len", "num_splits", "max_splits")
+    tokens, launches = {}, {}
+    for graphs in (False, True):
+        seen: set[tuple] = set()
+
+        def record(*args, seen=seen, **kwargs):  # type: ignore[no-untyped-def]
+            seen.add(tuple(kwargs[key] for key in keys) + (kwargs["block_t"], kwargs["num_stages"]))
+            return attend(*args, **kwargs)
+
+        monkeypatch.setattr(paged_attention, "paged_decode_attention", record)
+        engine, _ = engine_for(graphs=graphs)
+        assert engine.runner.short.positions == 128
+        tokens[graphs] = run(engine, [SamplingParams(max_tokens=TOKENS, ignore_eos=True)] * 3)
+        launches[graphs] = seen
+    assert tokens[True] == tokens[False]
+    max_positions = engine.runner.max_blocks * engine.runner.block_size
+    assert max_positions > 128  # so the short set serves these steps
+    assert launches[True] == launches[False] == {(max_positions, None, 4, 16, 2)}
