@@ -3,7 +3,8 @@
 Without a GPU the decode graphs run uncaptured (`DecodeGraphs(capture=False)`: the same buffers and
 the same device-side feeding, each step's body run eagerly) on the kernel path in Triton's
 interpreter. Running ahead must give exactly the tokens of one step at a time, stop where they stop,
-and give every KV block back.
+and give every KV block back. The same stand-in checks that a short set of graphs with a launch of its
+own (STRATA_SHORT_*) calls decode attention as the eager path does.
 """
 
 from __future__ import annotations
