@@ -66,15 +66,24 @@ def _weights(w_ptr, pid, per_program, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _stage(chain_ptr, seen_ptr, w_ptr, out_ptr, stage, per_program, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One link: wait for the previous (PDL), read its value, load weights, program 0 writes the next."""
-    await_inputs(PDL)
-    pid = tl.program_id(0)
-    value = tl.load(chain_ptr + stage)
-    tl.store(seen_ptr + pid, tl.load(seen_ptr + pid) + value)
+def _link(chain_ptr, w_ptr, out_ptr, stage, pid, per_program, BLOCK: tl.constexpr, VOLATILE: tl.constexpr):
+    """A stage's work in either design: read the value the stage before wrote (`VOLATILE`: past L1,
+    which another program of the same kernel wrote), load this program's weights, program 0 writes the
+    next value. Returns the value read."""
+    value = tl.load(chain_ptr + stage, volatile=VOLATILE)
     tl.store(out_ptr + pid, _weights(w_ptr, pid, per_program, BLOCK))
     if pid == 0:
         tl.store(chain_ptr + stage + 1, value + 1)
+    return value
+
+
+@triton.jit
+def _stage(chain_ptr, seen_ptr, w_ptr, out_ptr, stage, per_program, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """One link: wait for the previous (PDL), then its work."""
+    await_inputs(PDL)
+    pid = tl.program_id(0)
+    value = _link(chain_ptr, w_ptr, out_ptr, stage, pid, per_program, BLOCK, False)
+    tl.store(seen_ptr + pid, tl.load(seen_ptr + pid) + value)
 
 
 @triton.jit
@@ -84,11 +93,7 @@ def _persistent(chain_ptr, seen_ptr, w_ptr, out_ptr, arrived_ptr, stages, per_pr
     programs = tl.num_programs(0)
     seen = 0
     for stage in range(stages):
-        value = tl.load(chain_ptr + stage, volatile=True)
-        seen += value
-        tl.store(out_ptr + pid, _weights(w_ptr, pid, per_program, BLOCK))
-        if pid == 0:
-            tl.store(chain_ptr + stage + 1, value + 1)
+        seen += _link(chain_ptr, w_ptr, out_ptr, stage, pid, per_program, BLOCK, True)
         tl.debug_barrier()  # the program's stores are issued before it arrives
         tl.atomic_add(arrived_ptr, 1, sem="release", scope="gpu")
         target = (stage + 1) * programs
