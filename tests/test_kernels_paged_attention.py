@@ -146,12 +146,18 @@ def test_splits_a_context_does_not_fill_are_skipped(window):
     check([1, 17, 300, 600], 4, 2, 32, 16, torch.float32, 8, window=window, min_split_len=256)
 
 
+def small_case(context_lens: list[int], seed: int) -> tuple[torch.Tensor, ...]:
+    """q, the caches, block tables and context lengths on DEVICE, as paged_decode_attention takes them
+    positionally: 4 query heads over 2 KV heads of 32, blocks of 16 positions, float32."""
+    q, k, v, tables, lens, _ = make_case(context_lens, 4, 2, 32, 16, torch.float32, seed=seed)
+    return tuple(t.to(DEVICE) for t in (q, k, v, tables, lens))
+
+
 @pytest.mark.parametrize("min_split_len", [1, 256])
 def test_one_filled_split_gives_the_one_split_output_bit_for_bit(min_split_len):
     # Contexts within one tile of 64: a split holds at least a tile, so with min_split_len 1 (as with
     # 256) the 7 other splits do not run and the merge is skipped: the one-split kernel's bits.
-    q, k, v, tables, lens, _ = make_case([1, 17, 64], 4, 2, 32, 16, torch.float32, seed=3)
-    args = (q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE))
+    args = small_case([1, 17, 64], seed=3)
     one = paged_decode_attention(*args, block_size=16, num_splits=1)
     assert torch.equal(
         paged_decode_attention(*args, block_size=16, num_splits=8, min_split_len=min_split_len), one
@@ -162,16 +168,12 @@ def test_an_empty_split_among_the_filled_ones_gives_the_same_bits():
     # 321 positions in tiles of 64: 4 splits take whole-tile chunks of 128, the last of them empty
     # (merged with weight 0); 3 splits take the same chunks, none empty. (Both hold with or without
     # the floor of a tile a split: they pin the partition it must keep, not the work it skips.)
-    q, k, v, tables, lens, _ = make_case([321], 4, 2, 32, 16, torch.float32, seed=5)
-    args = (q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE))
-    run = functools.partial(paged_decode_attention, *args, block_size=16, block_t=64)
+    run = functools.partial(paged_decode_attention, *small_case([321], seed=5), block_size=16, block_t=64)
     assert torch.equal(run(num_splits=4), run(num_splits=3))
     # A graph's 64 splits over 640 positions in tiles of 16 use one a tile: 40 chunks of 16, as 40
     # splits give them. (Compared at counts whose merges pad to the same 64 partials: on the GPU the
     # merge's sum over 64 padded partials rounds apart from one over 8.)
-    q, k, v, tables, lens, _ = make_case([640], 4, 2, 32, 16, torch.float32, seed=6)
-    args = (q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), tables.to(DEVICE), lens.to(DEVICE))
-    run = functools.partial(paged_decode_attention, *args, block_size=16, block_t=16)
+    run = functools.partial(paged_decode_attention, *small_case([640], seed=6), block_size=16, block_t=16)
     assert torch.equal(run(num_splits=64), run(num_splits=40))
 
 
