@@ -1,7 +1,7 @@
 """The fused matvec as decode runs it: inside a CUDA graph, on the exact decode shapes, per tile config.
 
     python benchmarks/gpu_matvec_graph.py [--models 0.5b,7b] [--types Q4_K,Q6_K] [--layouts blocks,planar]
-        [--tensor-core] [--m 1] [--calls 40] [--out DIR]
+        [--tensor-core] [--m 1] [--splits 2,3,4] [--calls 40] [--out DIR]
     python benchmarks/gpu_matvec_graph.py --smoke     # the script itself, in Triton's interpreter
 
 `benchmarks/gpu_kernels.py` times one launch at a time with do_bench, which for the 0.5B's small
@@ -164,6 +164,22 @@ def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: Config)
     return bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= limit
 
 
+def with_splits(candidates: list[Config], splits: list[int]) -> list[Config]:
+    """Each matvec candidate again at each K split of `splits` it does not already have. The sweep's
+    own splits are 1 and `auto_split_k`'s, which gives 1 whenever the row tiles alone make two per SM,
+    so a tall weight's long rows (the 7B's down: 448 tiles of 8 rows, 9 steps of 2,048 each) are
+    never tried with fewer steps a program and more programs in flight."""
+    have = set(candidates)
+    out = []
+    for c in candidates:
+        for s in splits:
+            new = replace(c, split_k=s) if isinstance(c, MatvecConfig) else c
+            if new not in have:
+                have.add(new)
+                out.append(new)
+    return out
+
+
 def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, calls: int) -> float:
     out = torch.empty(x.shape[0], weights[0].n, dtype=x.dtype, device=x.device)
     return graph_call_us(lambda i: launch(x, weights[i % len(weights)], out, cfg), calls)
@@ -243,6 +259,7 @@ def main() -> int:
     p.add_argument("--int8-only", action="store_true", help="only the int8-x configs (and the default)")
     p.add_argument("--m", type=int, default=1, help="activation rows (1 = batch-1 decode)")
     p.add_argument("--tiles", default="", help="only matvec tiles BLOCK_NxBLOCK_K, e.g. 8x2048,8x1024")
+    p.add_argument("--splits", default="", help="also each matvec tile at these K splits, e.g. 2,3,4")
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
@@ -272,6 +289,7 @@ def main() -> int:
         if args.tiles:
             tiles = set(args.tiles.split(","))
             candidates = [c for c in candidates if f"{c.block_n}x{c.block_k}" in tiles]
+        candidates += with_splits(candidates, [int(s) for s in filter(None, args.splits.split(","))])
         results = []
         for cfg in [default, *[c for c in candidates if c != default]]:
             try:
