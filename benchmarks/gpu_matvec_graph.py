@@ -82,9 +82,11 @@ def configs(
     """Matvec: rows per program x K step x warps, each unsplit and with the launcher's automatic split,
     compiled once per type (N and K are run-time arguments); the planar Q4_K kernel also tries
     1,024- and 2,048-element steps, each config with fp32 x, with prefetch, with int8 x and with int8
-    x and all rows of a step at once (M > 1) or a flat accumulator (M = 1, also Q5_0); Q6_K, Q8_0, Q5_0 also
-    with int8 x (--int8-only: the int8 configs alone). Matmul (with --tensor-core): the tensor-core
-    kernel with its row tile padded to 16, in both operand orders, as a candidate for 16-bit x."""
+    x and all rows of a step at once (M > 1) or a flat accumulator (M = 1, also Q5_0); Q6_K, Q8_0 and
+    Q5_0 also with int8 x (--int8-only: the int8 configs alone); fp32-x Q8_0 and Q5_0 also with
+    matched loads and, where a program takes one K step, with its weights loaded before the PDL wait.
+    Matmul (with --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand
+    orders, as a candidate for 16-bit x."""
     if smoke:
         int8 = MatvecConfig(8, 256, 2, int8_x=True)
         extra = [int8, replace(int8, rows_at_once=True)] if layout == "planar" else []
@@ -93,7 +95,8 @@ def configs(
             scalar = replace(flat, scalar_scales=True)
             extra += [flat, scalar, replace(scalar, x_per_row=True), replace(scalar, paired_dm=True)]
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
-        extra += [MatvecConfig(8, 256, 2, matched_loads=True)] if qtype in (T.Q8_0, T.Q5_0) and m == 1 else []
+        if qtype in (T.Q8_0, T.Q5_0) and m == 1:
+            extra += [MatvecConfig(8, 256, 2, matched_loads=True), MatvecConfig(8, 256, 1, preload=True)]
         if int8_only:
             return extra
         return [
@@ -141,6 +144,8 @@ def configs(
                     out += [replace(scalar, paired_dm=True), replace(scalar, paired_dm=True, prefetch=True)]
             if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8 is None:  # and every load in one layout
                 out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
+                if -(-k // 32 // split) <= bk // 32:  # one step a program: its weights before the wait
+                    out.append(MatvecConfig(bn, bk, split, warps, preload=True))
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
@@ -225,6 +230,7 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
         key = ("int8 " if cfg.int8_x else "fp32 ") + ("scalar" if cfg.scalar_scales else "vector")
         key += (" flat" if cfg.flat_acc else "") + (" x_per_row" if cfg.x_per_row else "")
         key += " matched" if cfg.matched_loads else ""
+        key += " preload" if cfg.preload else ""
         key += " prefetch" if cfg.prefetch else ""
         key += f" maxnreg {cfg.max_registers}" if cfg.max_registers else ""
         key += " paired_dm" if cfg.paired_dm else ""

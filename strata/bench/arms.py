@@ -37,6 +37,7 @@ ENV_OPTIONS = {
     "split_len": "STRATA_SPLIT_LEN",
     "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
     "widen_to_stack": "STRATA_WIDEN_TO_STACK",
+    "matvec_preload": "STRATA_MATVEC_PRELOAD",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

@@ -24,19 +24,27 @@ def q8_0_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, MATCHED: tl.constexpr = False,
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED
-    (M = 1): x is RMSNorm(x) with weight norm_ptr (`x_loads`); ADD: out += y (`_bits.added`)."""
+    (M = 1): x is RMSNorm(x) with weight norm_ptr (`x_loads`); ADD: out += y (`_bits.added`).
+    PRELOAD (M = 1, one step a program): the step's weights loaded and decoded before `await_inputs`,
+    then the loop's one step on them (the same operations, so the same bits)."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
     rc = tl.minimum(rows, N - 1)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
-    prefetch_weights(qs_ptr, rc, stride_qs, lo * 32, hi * 32, BLOCK_K, PDL)
+    if PRELOAD:
+        w, d = _q8_0_weights(qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, NB)
+    else:
+        prefetch_weights(qs_ptr, rc, stride_qs, lo * 32, hi * 32, BLOCK_K, PDL)
     await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
-    if MATCHED:
+    if PRELOAD:
+        acc = _q8_0_dot(tl.zeros((M_PAD, BLOCK_N), tl.float32), x_ptr, w, d, lo, hi, 0, stride_xm,
+                        M_PAD, NB, *norm, NORMED)  # fmt: skip
+    elif MATCHED:
         chunks = q8_0_chunks(
             x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, BLOCK_N, NB, *norm, NORMED
         )
@@ -57,19 +65,25 @@ def q5_0_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FLAT_ACC: tl.constexpr = False,
     MATCHED: tl.constexpr = False,
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step. MATCHED (M = 1):
-    `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD: as Q8_0's."""
+    `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD, PRELOAD: as Q8_0's."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
-    prefetch_weights(qs_ptr, rc, stride_qs, lo * 16, hi * 16, BLOCK_K // 2, PDL)
+    if PRELOAD:
+        w_lo, w_hi, d = _q5_0_weights(qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d, NB)
+    else:
+        prefetch_weights(qs_ptr, rc, stride_qs, lo * 16, hi * 16, BLOCK_K // 2, PDL)
     await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
-    if MATCHED:
+    if PRELOAD:
+        acc = _q5_0_dot(tl.zeros((M_PAD, BLOCK_N), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi, 0,
+                        stride_xm, M_PAD, NB, False, *norm, NORMED)  # fmt: skip
+    elif MATCHED:
         acc = q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d,
                           BLOCK_N, NB, *norm, NORMED)[None, :]  # fmt: skip
     else:
@@ -86,34 +100,46 @@ def _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
     """Every row of x times row tile rc over blocks [lo, hi): (M_PAD, BLOCK_N) fp32, each block's
     sum scaled by its d. BLOCK_N is passed, not read from rc.shape (see `_int8_x.store_int8`).
     x is loaded by `x_loads.load_x` (NORMED: its norm)."""
-    ib = tl.arange(0, NB)
-    ij = tl.arange(0, 32)
     acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
-        blk = b0 + ib  # (NB,)
-        bm = blk < hi
-        q = tl.load(
-            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 32 + ij[None, None, :],
-            mask=bm[None, :, None],
-            other=0,
-        )  # (BLOCK_N, NB, 32) uint8 holding int8
-        # q + 128 = the byte with its sign bit flipped.
-        w = exact_float(q.to(tl.int32) ^ 0x80, 128)
-        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
-        d = d.to(tl.float32)
+        w, d = _q8_0_weights(qs_ptr, d_ptr, rc, b0, hi, stride_qs, stride_d, NB)
         for m in tl.static_range(M):
-            if NORMED:  # one row: x's column offsets are the norm weight's
-                xv = load_x(
-                    x_ptr, None, blk[:, None] * 32 + ij[None, :], bm[:, None], False, norm_ptr, inv_rms, True
-                )
-            else:  # the loop's own address arithmetic (that of load_x compiles to more instructions here)
-                xv = tl.load(
-                    x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :], mask=bm[:, None], other=0
-                )
-                xv = xv.to(tl.float32)
-            part = tl.sum(tl.sum(w * xv[None, :, :], 2) * d, 1)
-            acc = add_to_row(acc, part, m, M_PAD)
+            acc = _q8_0_dot(acc, x_ptr, w, d, b0, hi, m, stride_xm, M_PAD, NB, norm_ptr, inv_rms, NORMED)
     return acc
+
+
+@triton.jit
+def _q8_0_weights(qs_ptr, d_ptr, rc, b0, hi, stride_qs, stride_d, NB: tl.constexpr):
+    """Row tile rc's blocks [b0, b0 + NB) below hi: (BLOCK_N, NB, 32) exact fp32 quants, (BLOCK_N, NB)
+    fp32 scales."""
+    blk = b0 + tl.arange(0, NB)
+    bm = blk < hi
+    ij = tl.arange(0, 32)
+    q = tl.load(
+        qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 32 + ij[None, None, :],
+        mask=bm[None, :, None],
+        other=0,
+    )  # (BLOCK_N, NB, 32) uint8 holding int8
+    # q + 128 = the byte with its sign bit flipped.
+    w = exact_float(q.to(tl.int32) ^ 0x80, 128)
+    d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
+    return w, d.to(tl.float32)
+
+
+@triton.jit
+def _q8_0_dot(acc, x_ptr, w, d, b0, hi, m, stride_xm, M_PAD: tl.constexpr, NB: tl.constexpr,
+              norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+    """acc with x's row m times the decoded blocks [b0, b0 + NB) (`_q8_0_weights`) added to its row m."""
+    blk = b0 + tl.arange(0, NB)
+    bm = blk < hi
+    ij = tl.arange(0, 32)
+    if NORMED:  # one row: x's column offsets are the norm weight's
+        xv = load_x(x_ptr, None, blk[:, None] * 32 + ij[None, :], bm[:, None], False, norm_ptr, inv_rms, True)
+    else:  # the loop's own address arithmetic (that of load_x compiles to more instructions here)
+        xv = tl.load(x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :], mask=bm[:, None], other=0)
+        xv = xv.to(tl.float32)
+    part = tl.sum(tl.sum(w * xv[None, :, :], 2) * d, 1)
+    return add_to_row(acc, part, m, M_PAD)
 
 
 @triton.jit
@@ -121,41 +147,60 @@ def _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, s
                M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
                FLAT_ACC: tl.constexpr, norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
     """As `_q8_0_rows` for Q5_0; FLAT_ACC: see the kernel."""
-    ib = tl.arange(0, NB)
-    ij = tl.arange(0, 16)
     acc = tl.zeros((BLOCK_N, NB, 16), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
-        blk = b0 + ib
-        bm = blk < hi
-        # Byte i of a block holds element i in its low nibble and element 16 + i in its high one.
-        q = tl.load(
-            qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 16 + ij[None, None, :],
-            mask=bm[None, :, None],
-            other=0,
-        ).to(tl.int32)  # (BLOCK_N, NB, 16)
-        qh = tl.load(qh_ptr + rc[:, None] * stride_qh + blk[None, :], mask=bm[None, :], other=0)
-        qh = qh[:, :, None]
-        w_lo = exact_float((q & 15) | (((qh >> ij[None, None, :]) & 1) << 4), 16)
-        w_hi = exact_float((q >> 4) | (((qh >> (ij[None, None, :] + 16)) & 1) << 4), 16)
-        d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
-        d = d.to(tl.float32)
+        w_lo, w_hi, d = _q5_0_weights(qs_ptr, qh_ptr, d_ptr, rc, b0, hi, stride_qs, stride_qh, stride_d, NB)
         for m in tl.static_range(M):
-            if NORMED:  # as in _q8_0_rows
-                x_at = blk[:, None] * 32 + ij[None, :]
-                x_lo = load_x(x_ptr, None, x_at, bm[:, None], False, norm_ptr, inv_rms, True)[None, :, :]
-                x_hi = load_x(x_ptr, None, x_at + 16, bm[:, None], False, norm_ptr, inv_rms, True)[None, :, :]
-            else:
-                x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
-                x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-                x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-            if FLAT_ACC:
-                acc += (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
-            else:
-                part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
-                acc = add_to_row(acc, part, m, M_PAD)
+            acc = _q5_0_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, m, stride_xm, M_PAD, NB, FLAT_ACC,
+                            norm_ptr, inv_rms, NORMED)  # fmt: skip
     if FLAT_ACC:
         acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
     return acc
+
+
+@triton.jit
+def _q5_0_weights(qs_ptr, qh_ptr, d_ptr, rc, b0, hi, stride_qs, stride_qh, stride_d, NB: tl.constexpr):
+    """Row tile rc's blocks [b0, b0 + NB) below hi: the (BLOCK_N, NB, 16) exact fp32 quants of each
+    block's first and second 16 elements, and the (BLOCK_N, NB) fp32 scales."""
+    blk = b0 + tl.arange(0, NB)
+    bm = blk < hi
+    ij = tl.arange(0, 16)
+    # Byte i of a block holds element i in its low nibble and element 16 + i in its high one.
+    q = tl.load(
+        qs_ptr + rc[:, None, None] * stride_qs + blk[None, :, None] * 16 + ij[None, None, :],
+        mask=bm[None, :, None],
+        other=0,
+    ).to(tl.int32)  # (BLOCK_N, NB, 16)
+    qh = tl.load(qh_ptr + rc[:, None] * stride_qh + blk[None, :], mask=bm[None, :], other=0)
+    qh = qh[:, :, None]
+    w_lo = exact_float((q & 15) | (((qh >> ij[None, None, :]) & 1) << 4), 16)
+    w_hi = exact_float((q >> 4) | (((qh >> (ij[None, None, :] + 16)) & 1) << 4), 16)
+    d = tl.load(d_ptr + rc[:, None] * stride_d + blk[None, :], mask=bm[None, :], other=0)
+    return w_lo, w_hi, d.to(tl.float32)
+
+
+@triton.jit
+def _q5_0_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, m, stride_xm, M_PAD: tl.constexpr, NB: tl.constexpr,
+              FLAT_ACC: tl.constexpr, norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+    """As `_q8_0_dot` for Q5_0's decoded halves (`_q5_0_weights`); FLAT_ACC: acc is the kernel's flat
+    (BLOCK_N, NB, 16) accumulator."""
+    blk = b0 + tl.arange(0, NB)
+    bm = blk < hi
+    ij = tl.arange(0, 16)
+    if NORMED:  # as in _q8_0_dot
+        x_at = blk[:, None] * 32 + ij[None, :]
+        x_lo = load_x(x_ptr, None, x_at, bm[:, None], False, norm_ptr, inv_rms, True)[None, :, :]
+        x_hi = load_x(x_ptr, None, x_at + 16, bm[:, None], False, norm_ptr, inv_rms, True)[None, :, :]
+    else:
+        x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+        x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+        x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+    if FLAT_ACC:
+        out = acc + (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
+    else:
+        part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
+        out = add_to_row(acc, part, m, M_PAD)
+    return out
 
 
 @triton.jit

@@ -8,12 +8,13 @@ dtype; every product is accumulated in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 from gguf.constants import GGMLQuantizationType
 
+from strata import env
 from strata.kernels._int8_x import Int8X
 from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
 from strata.kernels._matvec_legacy import q4_0_matvec_kernel, q5_0_matvec_kernel, q8_0_matvec_kernel
@@ -32,6 +33,7 @@ from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
 from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec, q6k_rows_config
 from strata.kernels.activation import gated_act
 from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x, use_asm
+from strata.kernels.matvec_checks import check_flags
 from strata.kernels.pdl import launch_args
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight, rows_planes
 from strata.kernels.rms_norm import _MAX_BLOCK, rms_norm
@@ -84,7 +86,11 @@ class MatvecConfig:
     warps; at 96, five, with no spills in its sm_90 build): the same sums (opt-in until timed).
     `paired_dm` (Q4_K's planar kernels, fp32 and int8 x) loads each super-block's d and dmin, side
     by side in their plane, as one 32-bit word instead of two 16-bit loads: four load instructions
-    fewer per step of the 8 x 2,048 int8 tile (24 -> 20); the same values (opt-in until timed)."""
+    fewer per step of the 8 x 2,048 int8 tile (24 -> 20); the same values (opt-in until timed).
+    `preload` (M = 1, the fp32-x Q8_0 and Q5_0 kernels, one K step a program: block_k * split_k >= k)
+    loads and decodes the program's weights before `await_inputs`, so that under PDL they arrive while
+    the kernel before runs and only x's load lies on the step's path: the same sums, bit for bit
+    (opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -99,6 +105,7 @@ class MatvecConfig:
     matched_loads: bool = False
     max_registers: int | None = None
     paired_dm: bool = False
+    preload: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
@@ -273,11 +280,6 @@ def quant_matvec(
             f"Q5_0, not {qtype.name} ({packed.layout})"
         )
     int8_x = by_default if cfg.int8_x is None else cfg.int8_x
-    if cfg.prefetch and not (planar or (int8_x and qtype == _T.Q6_K)):
-        raise ValueError(
-            f"MatvecConfig.prefetch needs Q4_K's planar layout (STRATA_Q4K_LAYOUT=planar) or Q6_K with "
-            f"int8_x, not {qtype.name} ({packed.layout}) with int8_x={int8_x}"
-        )
     extra: dict[str, object] = {"ADD": accumulate}
     if norm is not None:
         if up is not None:
@@ -292,35 +294,10 @@ def quant_matvec(
             extra |= {"up_ptr": up, "GATED": True}
         else:
             x, up = gated_act(x, up, act), None
-    if cfg.rows_at_once and not (int8_x and planar):
-        raise ValueError("MatvecConfig.rows_at_once is implemented in the int8_x kernel only")
+    if config is None and m == 1 and not int8_x and env.matvec_preload():
+        cfg = preload_tile(cfg, packed)
+    check_flags(cfg, packed, int8_x, m)
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
-    what = f"{qtype.name} ({packed.layout}) with int8_x={int8_x}, rows_at_once={cfg.rows_at_once}"
-    if cfg.scalar_scales and not (int8_x and (planar or qtype == _T.Q6_K)):
-        raise ValueError(
-            f"MatvecConfig.scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only, not "
-            f"{what}: leave it off, or use Q4_K's planar layout or Q6_K with int8_x"
-        )
-    if cfg.x_per_row and not (int8_x and planar and not cfg.rows_at_once):
-        raise ValueError(
-            f"MatvecConfig.x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once, not "
-            f"{what}: leave it off, or use Q4_K's planar layout with int8_x"
-        )
-    if cfg.flat_acc and not (m == 1 and not cfg.rows_at_once and ((int8_x and planar) or flat_q5_0)):
-        raise ValueError(
-            "MatvecConfig.flat_acc is implemented for one row of x in Q4_K's int8_x kernel and Q5_0's fp32"
-        )
-    if cfg.matched_loads and not (m == 1 and not int8_x and qtype in (_T.Q8_0, _T.Q5_0) and not cfg.flat_acc):
-        raise ValueError(
-            "MatvecConfig.matched_loads is implemented for one row of 16/32-bit x in the Q8_0 and Q5_0 "
-            f"kernels (not with int8_x or flat_acc), not {m} rows of {qtype.name} with int8_x={int8_x}, "
-            f"flat_acc={cfg.flat_acc}: leave it off there"
-        )
-    if cfg.paired_dm and not planar:
-        raise ValueError(
-            f"MatvecConfig.paired_dm is implemented in Q4_K's planar kernels only, not {qtype.name} "
-            f"({packed.layout}): leave it off, or use STRATA_Q4K_LAYOUT=planar"
-        )
     if qtype == _T.Q6_K and packed.layout == "rows" and int8_x and config is not None:
         raise ValueError(
             "Q6_K's rows layout multiplies int8 x with its own kernel and launch (q6k_rows_config): "
@@ -336,6 +313,8 @@ def quant_matvec(
         extra["FLAT_ACC"] = cfg.flat_acc
     if cfg.matched_loads:
         extra["MATCHED"] = True
+    if cfg.preload:
+        extra["PRELOAD"] = True
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
     # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
@@ -366,6 +345,15 @@ def quant_matvec(
             **launch_args(x.device),
         )  # fmt: skip
     return out
+
+
+def preload_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
+    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of fp32 x by `w`: a Q8_0 or Q5_0 weight below
+    65,536 rows (not an output head, whose tall tiles would hold too many weights) and of K up to 2,048
+    in one step with its weights preloaded; any other weight keeps `cfg`."""
+    if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.n >= 65536 or w.k > 2048:
+        return cfg
+    return replace(cfg, block_k=max(cfg.block_k, triton.next_power_of_2(w.k)), split_k=1, preload=True)
 
 
 def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:

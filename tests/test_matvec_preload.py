@@ -1,0 +1,122 @@
+"""MatvecConfig.preload: the Q8_0 and Q5_0 fp32-x kernels load and decode a program's one K step of
+weights before `await_inputs`. The same operations in the same order as the plain loop's one step,
+so the outputs must be equal bit for bit (plain, normed, with bias and accumulated), and the configs
+the kernels do not implement are refused by name."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+
+if not torch.cuda.is_available():  # before any kernel module is imported (see test_kernels_quant_matvec)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from strata.kernels import quant_matvec as qm  # noqa: E402
+from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
+from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
+from tests.test_kernels_quant_matvec import DEVICE, T, check, random_weight  # noqa: E402
+
+TYPES = pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0], ids=lambda t: t.name)
+# (n, k, tile): rows no multiple of block_n; one step covering K exactly, a ragged one, and a split
+# K whose splits each fit a step (40 blocks in 3 splits of 14, 16 a step).
+SHAPES = [
+    (21, 8 * 32, MatvecConfig(8, 256, 1)),
+    (37, 7 * 32, MatvecConfig(8, 256, 1, num_warps=2)),
+    (19, 40 * 32, MatvecConfig(8, 512, 3)),
+]
+
+
+def weight(qtype: T, n: int, k: int):
+    raw = random_weight(qtype, n, k, seed=n * 31 + k)
+    return pack_quant_weight(raw.to(DEVICE), qtype, n, k)
+
+
+@TYPES
+@pytest.mark.parametrize("n,k,cfg", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_preload_is_bitwise_the_plain_step(qtype: T, n: int, k: int, cfg: MatvecConfig, dtype: torch.dtype):
+    packed = weight(qtype, n, k)
+    x = torch.randn(1, k, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE)
+    norm = (torch.randn(k, device=DEVICE).to(dtype), 1e-6)
+    for kwargs in ({}, {"bias": bias}, {"norm": norm}):
+        plain = quant_matvec(x, packed, qtype, n, k, config=cfg, **kwargs)
+        out = torch.full((1, n), float("nan"), dtype=dtype, device=DEVICE)
+        got = quant_matvec(x, packed, qtype, n, k, out=out, config=replace(cfg, preload=True), **kwargs)
+        assert torch.equal(got, plain), kwargs
+    residual = torch.randn(1, n, device=DEVICE).to(dtype)
+    plain = quant_matvec(x, packed, qtype, n, k, out=residual.clone(), config=cfg, accumulate=True)
+    added = quant_matvec(
+        x, packed, qtype, n, k, out=residual.clone(), config=replace(cfg, preload=True), accumulate=True
+    )
+    assert torch.equal(added, plain)
+
+
+@TYPES
+def test_preload_matches_reference(qtype: T):
+    check(qtype, 1, 37, 7 * 32, torch.float32, MatvecConfig(8, 256, 1, preload=True))
+
+
+@TYPES
+def test_preload_reaches_the_kernel(qtype: T, monkeypatch: pytest.MonkeyPatch):
+    # Bitwise equality alone would also pass if the launcher dropped the flag.
+    seen: list[dict] = []
+    kernel, unit = qm._KERNELS[qtype]
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs)
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setitem(qm._KERNELS, qtype, (Recorder(), unit))
+    packed = weight(qtype, 21, 256)
+    quant_matvec(
+        torch.randn(1, 256, device=DEVICE), packed, qtype, 21, 256, config=MatvecConfig(8, 256, preload=True)
+    )
+    quant_matvec(torch.randn(1, 256, device=DEVICE), packed, qtype, 21, 256, config=MatvecConfig(8, 256))
+    assert [s.get("PRELOAD", False) for s in seen] == [True, False]
+
+
+@TYPES
+def test_preload_refuses_what_it_does_not_implement(qtype: T):
+    n, k = 21, 8 * 32
+    packed = weight(qtype, n, k)
+    x = torch.randn(2, k, device=DEVICE)
+    one_step = MatvecConfig(8, 256, 1, preload=True)
+    with pytest.raises(ValueError, match="preload is implemented for one row"):
+        quant_matvec(x, packed, qtype, n, k, config=one_step)  # two rows
+    with pytest.raises(ValueError, match=r"2.00 steps \(k=256 split 1 ways, block_k=128\)"):
+        quant_matvec(x[:1], packed, qtype, n, k, config=MatvecConfig(8, 128, 1, preload=True))
+    with pytest.raises(ValueError, match="with int8_x=True"):
+        quant_matvec(x[:1].bfloat16(), packed, qtype, n, k, config=replace(one_step, int8_x=True))
+    with pytest.raises(ValueError, match="not with matched_loads or flat_acc"):
+        quant_matvec(x[:1], packed, qtype, n, k, config=replace(one_step, matched_loads=True))
+    q4k = pack_quant_weight(random_weight(T.Q4_K, n, k, seed=3).to(DEVICE), T.Q4_K, n, k)
+    with pytest.raises(ValueError, match="not 1 rows of Q4_K"):
+        quant_matvec(x[:1], q4k, T.Q4_K, n, k, config=one_step)
+
+
+@TYPES
+def test_env_preload_takes_k_in_one_step(qtype: T, monkeypatch: pytest.MonkeyPatch):
+    # STRATA_MATVEC_PRELOAD=1: one row of fp32 x (config left to the launcher) runs preload_tile's
+    # one-step tile, within the reference's tolerance; a weight of K over 2,048 keeps the default.
+    packed = weight(qtype, 21, 28 * 32)
+    tile = qm.preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed)
+    assert (tile.block_k, tile.split_k, tile.preload) == (1024, 1, True)
+    long = weight(qtype, 5, 72 * 32)
+    assert not qm.preload_tile(qm.default_config(qtype, 1, 5, 72 * 32), long).preload
+    monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "1")
+    x = torch.randn(1, 28 * 32, device=DEVICE)
+    assert torch.equal(
+        quant_matvec(x, packed, qtype, 21, 28 * 32), quant_matvec(x, packed, qtype, 21, 28 * 32, config=tile)
+    )
+    check(qtype, 1, 21, 28 * 32, torch.float32, None)  # the launcher's own choice, under the env
