@@ -94,6 +94,7 @@ def configs(
             flat = replace(int8, flat_acc=True)
             scalar = replace(flat, scalar_scales=True)
             extra += [flat, scalar, replace(scalar, x_per_row=True), replace(scalar, paired_dm=True)]
+            extra.append(replace(scalar, preload=True))
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         if qtype in (T.Q8_0, T.Q5_0) and m == 1:
             extra += [MatvecConfig(8, 256, 2, matched_loads=True), MatvecConfig(8, 256, 1, preload=True)]
@@ -142,6 +143,7 @@ def configs(
                     out += [replace(scalar, prefetch=True), replace(scalar, max_registers=96)]
                     out.append(replace(scalar, prefetch=True, max_registers=96))
                     out += [replace(scalar, paired_dm=True), replace(scalar, paired_dm=True, prefetch=True)]
+                    out.append(replace(scalar, preload=True))  # the first step's weights before the wait
             if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8 is None:  # and every load in one layout
                 out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
                 if -(-k // 32 // split) <= bk // 32:  # one step a program: its weights before the wait

@@ -1,7 +1,7 @@
 """MatvecConfig.preload: the Q8_0 and Q5_0 fp32-x kernels load and decode a program's one K step of
-weights before `await_inputs`. The same operations in the same order as the plain loop's one step,
-so the outputs must be equal bit for bit (plain, normed, with bias and accumulated), and the configs
-the kernels do not implement are refused by name."""
+weights before `await_inputs`, and Q4_K's int8 kernel its first step's. The same operations in the
+same order as the plain loop, so the outputs must be equal bit for bit (plain, normed, with bias and
+accumulated), and the configs the kernels do not implement are refused by name."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_preload_refuses_what_it_does_not_implement(qtype: T):
     packed = weight(qtype, n, k)
     x = torch.randn(2, k, device=DEVICE)
     one_step = MatvecConfig(8, 256, 1, preload=True)
-    with pytest.raises(ValueError, match="preload is implemented for one row"):
+    with pytest.raises(ValueError, match="preload is implemented in Q4_K's int8_x kernel and, for one row"):
         quant_matvec(x, packed, qtype, n, k, config=one_step)  # two rows
     with pytest.raises(ValueError, match=r"2.00 steps \(k=256 split 1 ways, block_k=128\)"):
         quant_matvec(x[:1], packed, qtype, n, k, config=MatvecConfig(8, 128, 1, preload=True))
@@ -110,13 +110,41 @@ def test_env_preload_takes_k_in_one_step(qtype: T, monkeypatch: pytest.MonkeyPat
     # STRATA_MATVEC_PRELOAD=1: one row of fp32 x (config left to the launcher) runs preload_tile's
     # one-step tile, within the reference's tolerance; a weight of K over 2,048 keeps the default.
     packed = weight(qtype, 21, 28 * 32)
-    tile = qm.preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed)
+    tile = qm.preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed, False)
     assert (tile.block_k, tile.split_k, tile.preload) == (1024, 1, True)
     long = weight(qtype, 5, 72 * 32)
-    assert not qm.preload_tile(qm.default_config(qtype, 1, 5, 72 * 32), long).preload
+    assert not qm.preload_tile(qm.default_config(qtype, 1, 5, 72 * 32), long, False).preload
     monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "1")
     x = torch.randn(1, 28 * 32, device=DEVICE)
     assert torch.equal(
         quant_matvec(x, packed, qtype, 21, 28 * 32), quant_matvec(x, packed, qtype, 21, 28 * 32, config=tile)
     )
     check(qtype, 1, 21, 28 * 32, torch.float32, None)  # the launcher's own choice, under the env
+
+
+@pytest.mark.parametrize(
+    "m,k,cfg",
+    [
+        (1, 256, MatvecConfig(8, 256, 1, int8_x=True, flat_acc=True, scalar_scales=True)),  # one step
+        (1, 768, MatvecConfig(8, 256, 1, int8_x=True, flat_acc=True, scalar_scales=True, paired_dm=True)),
+        (3, 768, MatvecConfig(8, 256, 2, int8_x=True)),  # rows one by one, split K
+    ],
+)
+def test_q4k_int8_preload_is_bitwise_the_plain_loop(m: int, k: int, cfg: MatvecConfig):
+    n = 21
+    raw = random_weight(T.Q4_K, n, k, seed=k + m)
+    packed = pack_quant_weight(raw.to(DEVICE), T.Q4_K, n, k, "planar")
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    plain = quant_matvec(x, packed, T.Q4_K, n, k, config=cfg)
+    out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
+    assert torch.equal(
+        quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(cfg, preload=True)), plain
+    )
+
+
+def test_env_preload_on_q4k_int8_takes_one_step_tiles_only():
+    one = pack_quant_weight(random_weight(T.Q4_K, 8, 1536, seed=5), T.Q4_K, 8, 1536, "planar")
+    cfg = MatvecConfig(8, 2048, 1, int8_x=None, flat_acc=True, scalar_scales=True)
+    assert qm.preload_tile(cfg, one, True).preload
+    assert not qm.preload_tile(replace(cfg, block_k=512), one, True).preload  # three steps
+    assert not qm.preload_tile(cfg, one, False).preload  # fp32 x: Q4_K's planar fp32 kernel has none

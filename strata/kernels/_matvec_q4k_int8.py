@@ -35,6 +35,7 @@ def q4_k_int8_matvec_kernel(
     PREFETCH: tl.constexpr = False,
     PAIRED_DM: tl.constexpr = False,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
+    PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
     (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums.
@@ -43,22 +44,29 @@ def q4_k_int8_matvec_kernel(
     PREFETCH: each step's weight loads go out before the step before it computes (two steps of
     weights in flight per thread instead of one; Triton pipelines no load of a loop without a dot):
     the same sums. PAIRED_DM: d and dmin from one 32-bit load (`_loads`); the same sums. ROWS: the
-    planes in quant_pack's "rows" layout (`_loads`)."""
+    planes in quant_pack's "rows" layout (`_loads`). PRELOAD: PREFETCH's loop, its first step's
+    weights loaded before `await_inputs` (weights are never written by a kernel): the same sums."""
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     js = tl.arange(0, NS)
     n_sub = K // 32
     lo, hi = split_range(n_sub, NS, SPLIT_K)
-    await_inputs(PDL)
-    acc = tl.zeros((BLOCK_N, NS), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
     strides = (stride_qs, stride_sc, stride_mn, stride_dm)
-    x = (xq_ptr, xd_ptr, xs_ptr, n_sub)
-    if PREFETCH:
+    if PRELOAD:  # the first step's weights, before the wait
         s = lo + js
         words, sc, mn, d, dmin = _loads(
             qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES, PAIRED_DM, ROWS
         )
+    await_inputs(PDL)
+    acc = tl.zeros((BLOCK_N, NS), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
+    x = (xq_ptr, xd_ptr, xs_ptr, n_sub)
+    if PREFETCH or PRELOAD:
+        if not PRELOAD:
+            s = lo + js
+            words, sc, mn, d, dmin = _loads(
+                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES, PAIRED_DM, ROWS
+            )
         for s0 in range(lo, hi, NS):
             s = s0 + js
             sn = s + NS  # the next step's loads (masked off past the end)

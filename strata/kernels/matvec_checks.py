@@ -52,13 +52,21 @@ def check_flags(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: i
             f"MatvecConfig.paired_dm is implemented in Q4_K's planar kernels only, not {qtype.name} "
             f"({layout}): leave it off, or use STRATA_Q4K_LAYOUT=planar"
         )
-    steps = -(-(packed.k // 32) // cfg.split_k) / (cfg.block_k // 32)  # K steps a program, at most
+    if cfg.preload and int8_x and planar:
+        return  # Q4_K's int8 kernel: PREFETCH's loop, any rows and steps
+    steps = program_steps(cfg, packed.k)
     if cfg.preload and not (m == 1 and not int8_x and qtype in (_T.Q8_0, _T.Q5_0) and steps <= 1):
         raise ValueError(
-            "MatvecConfig.preload is implemented for one row of 16/32-bit x in the Q8_0 and Q5_0 kernels "
-            f"with one K step a program, not {m} rows of {qtype.name} with int8_x={int8_x} and "
-            f"{steps:.2f} steps (k={packed.k} split {cfg.split_k} ways, block_k={cfg.block_k}): give "
-            "block_k * split_k >= k, or leave it off"
+            "MatvecConfig.preload is implemented in Q4_K's int8_x kernel and, for one row of 16/32-bit x "
+            f"with one K step a program, in the Q8_0 and Q5_0 kernels; not {m} rows of {qtype.name} "
+            f"({layout}) with int8_x={int8_x} and {steps:.2f} steps (k={packed.k} split {cfg.split_k} "
+            f"ways, block_k={cfg.block_k}): give block_k * split_k >= k there, or leave it off"
         )
     if cfg.preload and (cfg.matched_loads or cfg.flat_acc):
         raise ValueError("MatvecConfig.preload runs the plain loop: not with matched_loads or flat_acc")
+
+
+def program_steps(cfg: MatvecConfig, k: int) -> float:
+    """The K steps of a program's loop at `cfg` (a fraction: its last step's share), 32-element
+    units split `cfg.split_k` ways."""
+    return -(-(k // 32) // cfg.split_k) / (cfg.block_k // 32)

@@ -33,7 +33,7 @@ from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
 from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec, q6k_rows_config
 from strata.kernels.activation import gated_act
 from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x, use_asm
-from strata.kernels.matvec_checks import check_flags
+from strata.kernels.matvec_checks import check_flags, program_steps
 from strata.kernels.pdl import launch_args
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight, rows_planes
 from strata.kernels.rms_norm import _MAX_BLOCK, rms_norm
@@ -89,8 +89,9 @@ class MatvecConfig:
     fewer per step of the 8 x 2,048 int8 tile (24 -> 20); the same values (opt-in until timed).
     `preload` (M = 1, the fp32-x Q8_0 and Q5_0 kernels, one K step a program: block_k * split_k >= k)
     loads and decodes the program's weights before `await_inputs`, so that under PDL they arrive while
-    the kernel before runs and only x's load lies on the step's path: the same sums, bit for bit
-    (opt-in until timed)."""
+    the kernel before runs and only x's load lies on the step's path; in Q4_K's int8 kernel (any M
+    and steps) it runs `prefetch`'s loop with the first step's weights loaded before the wait. The
+    same sums, bit for bit (opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -294,8 +295,8 @@ def quant_matvec(
             extra |= {"up_ptr": up, "GATED": True}
         else:
             x, up = gated_act(x, up, act), None
-    if config is None and m == 1 and not int8_x and env.matvec_preload():
-        cfg = preload_tile(cfg, packed)
+    if config is None and m == 1 and env.matvec_preload():
+        cfg = preload_tile(cfg, packed, int8_x)
     check_flags(cfg, packed, int8_x, m)
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
     if qtype == _T.Q6_K and packed.layout == "rows" and int8_x and config is not None:
@@ -347,10 +348,13 @@ def quant_matvec(
     return out
 
 
-def preload_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
-    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of fp32 x by `w`: a Q8_0 or Q5_0 weight below
-    65,536 rows (not an output head, whose tall tiles would hold too many weights) and of K up to 2,048
-    in one step with its weights preloaded; any other weight keeps `cfg`."""
+def preload_tile(cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool) -> MatvecConfig:
+    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with int8 x, Q4_K's planar
+    kernel preloads where its tile takes K in one step (the 1.5B's K = 1,536 at 8 x 2,048); with fp32
+    x, a Q8_0 or Q5_0 weight below 65,536 rows (not an output head, whose tall tiles would hold too
+    many weights) and of K up to 2,048 takes K in one step, preloaded. Any other weight keeps `cfg`."""
+    if int8_x:
+        return replace(cfg, preload=True) if w.planar and program_steps(cfg, w.k) <= 1 else cfg
     if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.n >= 65536 or w.k > 2048:
         return cfg
     return replace(cfg, block_k=max(cfg.block_k, triton.next_power_of_2(w.k)), split_k=1, preload=True)
@@ -472,5 +476,6 @@ def _int8_matvec(
             xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
             ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, SCALAR_SCALES=cfg.scalar_scales,
             X_PER_ROW=cfg.x_per_row, PREFETCH=cfg.prefetch, PAIRED_DM=cfg.paired_dm, ROWS=rows_group,
+            PRELOAD=cfg.preload,
             **common,
         )  # fmt: skip
