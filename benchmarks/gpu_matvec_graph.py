@@ -84,7 +84,8 @@ def configs(
     1,024- and 2,048-element steps, each config with fp32 x, with prefetch, with int8 x and with int8
     x and all rows of a step at once (M > 1) or a flat accumulator (M = 1, also Q5_0); Q6_K, Q8_0 and
     Q5_0 also with int8 x (--int8-only: the int8 configs alone); fp32-x Q8_0 and Q5_0 also with
-    matched loads and, where a program takes one K step, with its weights loaded before the PDL wait.
+    matched loads and, where a program takes one K step, with its weights loaded before the PDL wait
+    (the int8 Q4_K and Q6_K kernels: their first step's).
     Matmul (with --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand
     orders, as a candidate for 16-bit x."""
     if smoke:
@@ -96,6 +97,7 @@ def configs(
             extra += [flat, scalar, replace(scalar, x_per_row=True), replace(scalar, paired_dm=True)]
             extra.append(replace(scalar, preload=True))
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
+        extra += [replace(int8, preload=True)] if qtype == T.Q6_K else []
         if qtype in (T.Q8_0, T.Q5_0) and m == 1:
             extra += [MatvecConfig(8, 256, 2, matched_loads=True), MatvecConfig(8, 256, 1, preload=True)]
         if int8_only:
@@ -133,6 +135,7 @@ def configs(
                 q6 = MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once)
                 out.append(replace(q6, scalar_scales=True))
                 out += [replace(q6, prefetch=True), replace(q6, scalar_scales=True, prefetch=True)]
+                out += [replace(q6, preload=True), replace(q6, scalar_scales=True, preload=True)]
             if m == 1 and planar and int8:  # and the scales (and x) loaded in the words' layout
                 flat = MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True)
                 out.append(replace(flat, scalar_scales=True))

@@ -92,7 +92,9 @@ def test_preload_refuses_what_it_does_not_implement(qtype: T):
     packed = weight(qtype, n, k)
     x = torch.randn(2, k, device=DEVICE)
     one_step = MatvecConfig(8, 256, 1, preload=True)
-    with pytest.raises(ValueError, match="preload is implemented in Q4_K's int8_x kernel and, for one row"):
+    with pytest.raises(
+        ValueError, match="preload is implemented in Q4_K's and Q6_K's int8_x kernels and, for one row"
+    ):
         quant_matvec(x, packed, qtype, n, k, config=one_step)  # two rows
     with pytest.raises(ValueError, match=r"2.00 steps \(k=256 split 1 ways, block_k=128\)"):
         quant_matvec(x[:1], packed, qtype, n, k, config=MatvecConfig(8, 128, 1, preload=True))
@@ -131,15 +133,30 @@ def test_env_preload_takes_k_in_one_step(qtype: T, monkeypatch: pytest.MonkeyPat
     ],
 )
 def test_q4k_int8_preload_is_bitwise_the_plain_loop(m: int, k: int, cfg: MatvecConfig):
+    int8_preload_is_bitwise_the_plain_loop(T.Q4_K, m, k, cfg)
+
+
+@pytest.mark.parametrize(
+    "m,k,cfg",
+    [
+        (1, 256, MatvecConfig(16, 256, 1, int8_x=True)),  # one step
+        (1, 768, MatvecConfig(16, 256, 1, int8_x=True, scalar_scales=True)),
+        (3, 1024, MatvecConfig(8, 256, 2, int8_x=True)),
+    ],
+)
+def test_q6k_int8_preload_is_bitwise_the_plain_loop(m: int, k: int, cfg: MatvecConfig):
+    int8_preload_is_bitwise_the_plain_loop(T.Q6_K, m, k, cfg)
+
+
+def int8_preload_is_bitwise_the_plain_loop(qtype: T, m: int, k: int, cfg: MatvecConfig) -> None:
     n = 21
-    raw = random_weight(T.Q4_K, n, k, seed=k + m)
-    packed = pack_quant_weight(raw.to(DEVICE), T.Q4_K, n, k, "planar")
+    raw = random_weight(qtype, n, k, seed=k + m)
+    packed = pack_quant_weight(raw.to(DEVICE), qtype, n, k, "planar", q6k_layout="blocks")
     x = torch.randn(m, k, device=DEVICE).bfloat16()
-    plain = quant_matvec(x, packed, T.Q4_K, n, k, config=cfg)
+    plain = quant_matvec(x, packed, qtype, n, k, config=cfg)
     out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
-    assert torch.equal(
-        quant_matvec(x, packed, T.Q4_K, n, k, out=out, config=replace(cfg, preload=True)), plain
-    )
+    got = quant_matvec(x, packed, qtype, n, k, out=out, config=replace(cfg, preload=True))
+    assert torch.equal(got, plain)
 
 
 def test_env_preload_on_q4k_int8_takes_one_step_tiles_only():

@@ -112,7 +112,7 @@ def q6_k_int8_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
     SCALAR_SCALES: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     """ql_ptr and qh_ptr are int32 views (stride in words); every row of x at once (M_PAD of them).
     The products of each 16 elements are kept per (row, half, 16 elements) across the whole K loop and
@@ -122,7 +122,8 @@ def q6_k_int8_matvec_kernel(
     their loads take the layout of the products: at 32 x 512 tiles this leaves out four layout
     conversions per step (eight barriers); the same sums. PREFETCH: each step's weight loads (ql, qh,
     scales, d) go out before the step before it computes, two steps in flight per thread (Triton
-    pipelines no load of a loop without a dot); the same sums."""
+    pipelines no load of a loop without a dot); the same sums. PRELOAD: PREFETCH's loop, its first
+    step's weights loaded before `await_inputs` (weights are never written by a kernel); the same sums."""
     NH: tl.constexpr = BLOCK_K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc1 = tl.minimum(rows, N - 1)
@@ -130,6 +131,10 @@ def q6_k_int8_matvec_kernel(
     mi = tl.arange(0, M_PAD)
     n_sub = K // 32
     lo, hi = split_range(K // 128, NH, SPLIT_K)
+    planes = (ql_ptr, qh_ptr, sc_ptr, d_ptr, stride_ql, stride_qh, stride_sc, stride_d)
+    if PRELOAD:  # the first step's weights, before the wait
+        g = lo + tl.arange(0, NH)
+        qh, ql0, ql1, sc0, sc1, sc2, sc3, d = _weights(planes, rc1, g, g < hi, word, SCALAR_SCALES)
     await_inputs(PDL)
     # One row of x: a (BLOCK_N, NH, 2) accumulator, in the layout of the step's sums.
     acc = (
@@ -137,11 +142,11 @@ def q6_k_int8_matvec_kernel(
         if M_PAD == 1
         else tl.zeros((M_PAD, BLOCK_N, NH, 2), tl.float32)
     )
-    planes = (ql_ptr, qh_ptr, sc_ptr, d_ptr, stride_ql, stride_qh, stride_sc, stride_d)
     x = (xq_ptr, xd_ptr, mi, n_sub)
-    if PREFETCH:
-        g = lo + tl.arange(0, NH)
-        qh, ql0, ql1, sc0, sc1, sc2, sc3, d = _weights(planes, rc1, g, g < hi, word, SCALAR_SCALES)
+    if PREFETCH or PRELOAD:
+        if not PRELOAD:
+            g = lo + tl.arange(0, NH)
+            qh, ql0, ql1, sc0, sc1, sc2, sc3, d = _weights(planes, rc1, g, g < hi, word, SCALAR_SCALES)
         for g0 in range(lo, hi, NH):
             g = g0 + tl.arange(0, NH)
             gn = g + NH  # the next step's loads (masked off past the end)

@@ -89,9 +89,9 @@ class MatvecConfig:
     fewer per step of the 8 x 2,048 int8 tile (24 -> 20); the same values (opt-in until timed).
     `preload` (M = 1, the fp32-x Q8_0 and Q5_0 kernels, one K step a program: block_k * split_k >= k)
     loads and decodes the program's weights before `await_inputs`, so that under PDL they arrive while
-    the kernel before runs and only x's load lies on the step's path; in Q4_K's int8 kernel (any M
-    and steps) it runs `prefetch`'s loop with the first step's weights loaded before the wait. The
-    same sums, bit for bit (opt-in until timed)."""
+    the kernel before runs and only x's load lies on the step's path; in Q4_K's and Q6_K's int8
+    kernels (any M and steps) it runs `prefetch`'s loop with the first step's weights loaded before
+    the wait. The same sums, bit for bit (opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -349,12 +349,13 @@ def quant_matvec(
 
 
 def preload_tile(cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool) -> MatvecConfig:
-    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with int8 x, Q4_K's planar
-    kernel preloads where its tile takes K in one step (the 1.5B's K = 1,536 at 8 x 2,048); with fp32
+    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with int8 x, Q4_K's planar and
+    Q6_K's kernels preload where the tile takes K in one step (the 1.5B's K = 1,536 at 8 x 2,048); with fp32
     x, a Q8_0 or Q5_0 weight below 65,536 rows (not an output head, whose tall tiles would hold too
     many weights) and of K up to 2,048 takes K in one step, preloaded. Any other weight keeps `cfg`."""
     if int8_x:
-        return replace(cfg, preload=True) if w.planar and program_steps(cfg, w.k) <= 1 else cfg
+        one_step = (w.planar or w.qtype == _T.Q6_K) and program_steps(cfg, w.k) <= 1
+        return replace(cfg, preload=True) if one_step else cfg
     if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.n >= 65536 or w.k > 2048:
         return cfg
     return replace(cfg, block_k=max(cfg.block_k, triton.next_power_of_2(w.k)), split_k=1, preload=True)
@@ -461,7 +462,7 @@ def _int8_matvec(
         q6_k_int8_matvec_kernel[grid](
             xq, xd, *dest, ql, qh, sc, d, n, k, stride_ys, stride_ym,
             ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), SCALAR_SCALES=cfg.scalar_scales,
-            PREFETCH=cfg.prefetch, **common,
+            PREFETCH=cfg.prefetch, PRELOAD=cfg.preload, **common,
         )  # fmt: skip
     elif qtype in (_T.Q8_0, _T.Q5_0):
         qs, *rest = planes
