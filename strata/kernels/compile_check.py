@@ -81,11 +81,20 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             # Programmatic dependent launch (strata.kernels.pdl): main() checks the PTX's wait and, at
             # PDL 2, the weight prefetches before it.
             out.append((f"Q4_K int8 {name} flat_acc pdl", q4k, dict(flat, PDL=True), {}))
+            # preload (MatvecConfig.preload): main() checks that a weight load precedes the wait.
+            preload = dict(flat, SCALAR_SCALES=True, PRELOAD=True, PDL=1)
+            out.append((f"Q4_K int8 {name} flat_acc scalar_scales pdl preload", q4k, preload, {}))
+            q6_preload = dict(int8, PRELOAD=True, PDL=1)
+            out.append(
+                (f"Q6_K int8 {name} pdl preload", q6_k_int8_matvec_kernel, q6_preload, {"sc_ptr": "*i8"})
+            )
             q8_0 = (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"})
             for kernel, pointers in (q8_0, (q5_0_matvec_kernel, u8q5)):
                 out.append((f"{kernel.__name__} {name} pdl prefetch", kernel, dict(tile, PDL=2), pointers))
                 matched = dict(tile, MATCHED=True, PDL=2)
                 out.append((f"{kernel.__name__} {name} matched loads", kernel, matched, pointers))
+                preload = dict(tile, PRELOAD=True, PDL=1)
+                out.append((f"{kernel.__name__} {name} pdl preload", kernel, preload, pointers))
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
@@ -337,13 +346,16 @@ def barriers_in_loops(cubin: bytes) -> int | None:
     return sum("BAR.SYNC" in lines[j] for j in inside)
 
 
-def check_pdl(ptx: str, level: int) -> None:
-    """PDL 1 or 2: the PTX waits for the previous kernel; 2: it asks L2 for weights before that wait."""
+def check_pdl(ptx: str, level: int, preload: bool = False) -> None:
+    """PDL 1 or 2: the PTX waits for the previous kernel; 2: it asks L2 for weights before that wait;
+    `preload` (MatvecConfig.preload): it loads from global memory (the weights) before that wait."""
     wait = ptx.find("griddepcontrol.wait")
     if level and wait < 0:
         raise AssertionError(f"PDL={level} but the PTX has no griddepcontrol.wait")
     if level == 2 and not 0 <= ptx.find("prefetch.global.L2") < wait:
         raise AssertionError("PDL=2 but the PTX has no prefetch.global.L2 before its wait")
+    if preload and not 0 <= ptx.find("ld.global") < wait:
+        raise AssertionError("PRELOAD but the PTX has no global load before its wait")
 
 
 # Variants whose name starts so must compile without a barrier in a loop (the row-interleaved matvecs
@@ -360,7 +372,7 @@ def main() -> int:
         try:
             consts = {k: v for k, v in constexprs.items() if k != "NUM_WARPS"}
             kernel = compile_for_sm90(fn, consts, pointers, constexprs.get("NUM_WARPS", 4))
-            check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0))
+            check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0), constexprs.get("PRELOAD", False))
             converts, bars = converts_in_loops(kernel.asm["ttgir"]), barriers_in_loops(kernel.asm["cubin"])
             if name.startswith(NO_BARRIERS) and bars:
                 raise AssertionError(f"{bars} barriers in its loop, where it was written to have none")
