@@ -187,6 +187,8 @@ def with_splits(candidates: list[Config], splits: list[int]) -> list[Config]:
     out = []
     for c in candidates:
         for s in splits:
+            if isinstance(c, MatvecConfig) and c.preload and s < c.split_k:
+                continue  # fewer splits: more than the one step a preloaded program takes
             new = replace(c, split_k=s) if isinstance(c, MatvecConfig) else c
             if new not in have:
                 have.add(new)

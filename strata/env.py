@@ -144,8 +144,8 @@ def matvec_preload() -> bool:
     the output head) takes all of K in one step, its weights loaded and decoded before the PDL wait
     (`MatvecConfig.preload`), so only x's load follows the kernel before: the same sums as the
     default tile's where K fits one of its steps, else one step's fp32 sums for two (rounding apart,
-    the same values). Q4_K's int8 matvec preloads where its default tile takes K in one step (the
-    1.5B's K of 1,536 at 8 x 2,048): the same sums. 0: the tiles of `default_config`."""
+    the same values). Q4_K's and Q6_K's int8 matvecs preload where the default tile takes K in one
+    step (the 1.5B's K of 1,536 at 8 x 2,048): the same sums. 0: the tiles of `default_config`."""
     return _level("STRATA_MATVEC_PRELOAD", "0", ("0", "1")) == "1"
 
 

@@ -96,12 +96,20 @@ def test_preload_refuses_what_it_does_not_implement(qtype: T):
         ValueError, match="preload is implemented in Q4_K's and Q6_K's int8_x kernels and, for one row"
     ):
         quant_matvec(x, packed, qtype, n, k, config=one_step)  # two rows
-    with pytest.raises(ValueError, match=r"2.00 steps \(k=256 split 1 ways, block_k=128\)"):
+    with pytest.raises(
+        ValueError, match=r"one K step a program, not 2.00 \(k=256 split 1 ways, block_k=128\)"
+    ):
         quant_matvec(x[:1], packed, qtype, n, k, config=MatvecConfig(8, 128, 1, preload=True))
     with pytest.raises(ValueError, match="with int8_x=True"):
         quant_matvec(x[:1].bfloat16(), packed, qtype, n, k, config=replace(one_step, int8_x=True))
     with pytest.raises(ValueError, match="not with matched_loads or flat_acc"):
         quant_matvec(x[:1], packed, qtype, n, k, config=replace(one_step, matched_loads=True))
+    if qtype == T.Q5_0:
+        with pytest.raises(ValueError, match="not with matched_loads or flat_acc"):
+            quant_matvec(x[:1], packed, qtype, n, k, config=replace(one_step, flat_acc=True))
+    raw = random_weight(qtype, n, k, seed=4).to(DEVICE)
+    with pytest.raises(ValueError, match="preload needs a weight packed once"):
+        quant_matvec(x[:1], raw, qtype, n, k, config=one_step)
     q4k = pack_quant_weight(random_weight(T.Q4_K, n, k, seed=3).to(DEVICE), T.Q4_K, n, k)
     with pytest.raises(ValueError, match="not 1 rows of Q4_K"):
         quant_matvec(x[:1], q4k, T.Q4_K, n, k, config=one_step)
@@ -165,3 +173,33 @@ def test_env_preload_on_q4k_int8_takes_one_step_tiles_only():
     assert qm.preload_tile(cfg, one, True).preload
     assert not qm.preload_tile(replace(cfg, block_k=512), one, True).preload  # three steps
     assert not qm.preload_tile(cfg, one, False).preload  # fp32 x: Q4_K's planar fp32 kernel has none
+
+
+@pytest.mark.parametrize(
+    "qtype,name", [(T.Q4_K, "q4_k_int8_matvec_kernel"), (T.Q6_K, "q6_k_int8_matvec_kernel")]
+)
+def test_int8_preload_reaches_the_kernel(qtype: T, name: str, monkeypatch: pytest.MonkeyPatch):
+    # The int8 kernels' preload gives the plain loop's bits, so only a record shows it was launched.
+    seen: list[bool] = []
+    kernel = getattr(qm, name)
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["PRELOAD"])
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(qm, name, Recorder())
+    packed = pack_quant_weight(
+        random_weight(qtype, 21, 256, seed=9).to(DEVICE), qtype, 21, 256, "planar", q6k_layout="blocks"
+    )
+    x = torch.randn(1, 256, device=DEVICE).bfloat16()
+    cfg = MatvecConfig(16, 256, 1, int8_x=True)
+    quant_matvec(x, packed, qtype, 21, 256, config=replace(cfg, preload=True))
+    quant_matvec(x, packed, qtype, 21, 256, config=cfg)
+    monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "1")
+    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")
+    quant_matvec(x, packed, qtype, 21, 256)  # the default tile takes K = 256 in one step
+    assert seen == [True, False, True]

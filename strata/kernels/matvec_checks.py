@@ -52,18 +52,27 @@ def check_flags(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: i
             f"MatvecConfig.paired_dm is implemented in Q4_K's planar kernels only, not {qtype.name} "
             f"({layout}): leave it off, or use STRATA_Q4K_LAYOUT=planar"
         )
-    if cfg.preload and int8_x and (planar or qtype == _T.Q6_K):
+    if cfg.preload:
+        _check_preload(cfg, packed, int8_x, m)
+
+
+def _check_preload(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: int) -> None:
+    qtype, layout = packed.qtype, packed.layout
+    if int8_x and (packed.planar or qtype == _T.Q6_K):
         return  # Q4_K's and Q6_K's int8 kernels: PREFETCH's loop, any rows and steps
-    steps = program_steps(cfg, packed.k)
-    if cfg.preload and not (m == 1 and not int8_x and qtype in (_T.Q8_0, _T.Q5_0) and steps <= 1):
+    where = f"{m} rows of {qtype.name} ({layout}) with int8_x={int8_x}"
+    if not (m == 1 and not int8_x and qtype in (_T.Q8_0, _T.Q5_0)):
         raise ValueError(
             "MatvecConfig.preload is implemented in Q4_K's and Q6_K's int8_x kernels and, for one row of "
-            "16/32-bit x with one K step a program, in the Q8_0 and Q5_0 kernels; not "
-            f"{m} rows of {qtype.name} ({layout}) with int8_x={int8_x} and {steps:.2f} steps "
-            f"(k={packed.k} split {cfg.split_k} ways, block_k={cfg.block_k}): give block_k * split_k >= k "
-            "there, or leave it off"
+            f"16/32-bit x, in the Q8_0 and Q5_0 kernels; not {where}: leave it off there"
         )
-    if cfg.preload and (cfg.matched_loads or cfg.flat_acc):
+    steps = program_steps(cfg, packed.k)
+    if steps > 1:
+        raise ValueError(
+            f"MatvecConfig.preload in the {qtype.name} kernel needs one K step a program, not {steps:.2f} "
+            f"(k={packed.k} split {cfg.split_k} ways, block_k={cfg.block_k}): give block_k * split_k >= k"
+        )
+    if cfg.matched_loads or cfg.flat_acc:
         raise ValueError("MatvecConfig.preload runs the plain loop: not with matched_loads or flat_acc")
 
 

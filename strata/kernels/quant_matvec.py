@@ -295,7 +295,13 @@ def quant_matvec(
             extra |= {"up_ptr": up, "GATED": True}
         else:
             x, up = gated_act(x, up, act), None
-    if config is None and m == 1 and env.matvec_preload():
+    if cfg.preload and packed is not w:
+        # Packed on this call: its planes are written by the kernels just launched, which a load
+        # before the PDL wait could outrun.
+        raise ValueError(
+            "MatvecConfig.preload needs a weight packed once (pack_quant_weight), not raw blocks"
+        )
+    if config is None and m == 1 and packed is w and env.matvec_preload():
         cfg = preload_tile(cfg, packed, int8_x)
     check_flags(cfg, packed, int8_x, m)
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
@@ -350,15 +356,17 @@ def quant_matvec(
 
 def preload_tile(cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool) -> MatvecConfig:
     """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with int8 x, Q4_K's planar and
-    Q6_K's kernels preload where the tile takes K in one step (the 1.5B's K = 1,536 at 8 x 2,048); with fp32
-    x, a Q8_0 or Q5_0 weight below 65,536 rows (not an output head, whose tall tiles would hold too
-    many weights) and of K up to 2,048 takes K in one step, preloaded. Any other weight keeps `cfg`."""
-    if int8_x:
-        one_step = (w.planar or w.qtype == _T.Q6_K) and program_steps(cfg, w.k) <= 1
+    Q6_K's kernels preload where the tile takes K in one step (the 1.5B's K = 1,536 at 8 x 2,048); with
+    fp32 x, a Q8_0 or Q5_0 weight of K up to 2,048 takes K in one step, preloaded, where that tile
+    holds at most 8 x 2,048 weights (not an output head's 64-row tiles). Any other weight keeps `cfg`."""
+    if int8_x:  # (the "rows" layouts run kernels of their own, which take no MatvecConfig)
+        one_step = (w.planar or w.qtype == _T.Q6_K) and w.layout != "rows" and program_steps(cfg, w.k) <= 1
         return replace(cfg, preload=True) if one_step else cfg
-    if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.n >= 65536 or w.k > 2048:
+    block_k = max(cfg.block_k, triton.next_power_of_2(w.k))
+    # At most 8 x 2,048 weights a program: a thread holds them all, decoded, across the wait.
+    if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.k > 2048 or cfg.block_n * block_k > 8 * 2048:
         return cfg
-    return replace(cfg, block_k=max(cfg.block_k, triton.next_power_of_2(w.k)), split_k=1, preload=True)
+    return replace(cfg, block_k=block_k, split_k=1, preload=True)
 
 
 def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
