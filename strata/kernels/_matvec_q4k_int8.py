@@ -53,20 +53,18 @@ def q4_k_int8_matvec_kernel(
     n_sub = K // 32
     lo, hi = split_range(n_sub, NS, SPLIT_K)
     strides = (stride_qs, stride_sc, stride_mn, stride_dm)
-    if PRELOAD:  # the first step's weights, before the wait
+    if not PRELOAD:
+        await_inputs(PDL)
+    if PREFETCH or PRELOAD:  # the first step's weights
         s = lo + js
         words, sc, mn, d, dmin = _loads(
             qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES, PAIRED_DM, ROWS
         )
-    await_inputs(PDL)
+    if PRELOAD:  # the wait after the first step's weight loads went out
+        await_inputs(PDL)
     acc = tl.zeros((BLOCK_N, NS), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N, NS), tl.float32)
     x = (xq_ptr, xd_ptr, xs_ptr, n_sub)
     if PREFETCH or PRELOAD:
-        if not PRELOAD:
-            s = lo + js
-            words, sc, mn, d, dmin = _loads(
-                qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, s < hi, *strides, SCALAR_SCALES, PAIRED_DM, ROWS
-            )
         for s0 in range(lo, hi, NS):
             s = s0 + js
             sn = s + NS  # the next step's loads (masked off past the end)

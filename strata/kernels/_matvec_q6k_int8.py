@@ -132,10 +132,13 @@ def q6_k_int8_matvec_kernel(
     n_sub = K // 32
     lo, hi = split_range(K // 128, NH, SPLIT_K)
     planes = (ql_ptr, qh_ptr, sc_ptr, d_ptr, stride_ql, stride_qh, stride_sc, stride_d)
-    if PRELOAD:  # the first step's weights, before the wait
+    if not PRELOAD:
+        await_inputs(PDL)
+    if PREFETCH or PRELOAD:  # the first step's weights
         g = lo + tl.arange(0, NH)
         qh, ql0, ql1, sc0, sc1, sc2, sc3, d = _weights(planes, rc1, g, g < hi, word, SCALAR_SCALES)
-    await_inputs(PDL)
+    if PRELOAD:  # the wait after the first step's weight loads went out
+        await_inputs(PDL)
     # One row of x: a (BLOCK_N, NH, 2) accumulator, in the layout of the step's sums.
     acc = (
         tl.zeros((BLOCK_N, NH, 2), tl.float32)
@@ -144,9 +147,6 @@ def q6_k_int8_matvec_kernel(
     )
     x = (xq_ptr, xd_ptr, mi, n_sub)
     if PREFETCH or PRELOAD:
-        if not PRELOAD:
-            g = lo + tl.arange(0, NH)
-            qh, ql0, ql1, sc0, sc1, sc2, sc3, d = _weights(planes, rc1, g, g < hi, word, SCALAR_SCALES)
         for g0 in range(lo, hi, NH):
             g = g0 + tl.arange(0, NH)
             gn = g + NH  # the next step's loads (masked off past the end)
