@@ -85,7 +85,7 @@ def configs(
     x and all rows of a step at once (M > 1) or a flat accumulator (M = 1, also Q5_0); Q6_K, Q8_0 and
     Q5_0 also with int8 x (--int8-only: the int8 configs alone); fp32-x Q8_0 and Q5_0 also with
     matched loads and, where a program takes one K step, with its weights loaded before the PDL wait
-    (the int8 Q4_K and Q6_K kernels: their first step's).
+    (plain and matched; the int8 Q4_K and Q6_K kernels: their first step's).
     Matmul (with --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand
     orders, as a candidate for 16-bit x."""
     if smoke:
@@ -99,7 +99,12 @@ def configs(
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         extra += [replace(int8, preload=True)] if qtype == T.Q6_K else []
         if qtype in (T.Q8_0, T.Q5_0) and m == 1:
-            extra += [MatvecConfig(8, 256, 2, matched_loads=True), MatvecConfig(8, 256, 1, preload=True)]
+            preload = MatvecConfig(8, 256, 1, preload=True)
+            extra += [
+                MatvecConfig(8, 256, 2, matched_loads=True),
+                preload,
+                replace(preload, matched_loads=True),
+            ]
         if int8_only:
             return extra
         return [
@@ -151,6 +156,7 @@ def configs(
                 out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
                 if -(-k // 32 // split) <= bk // 32:  # one step a program: its weights before the wait
                     out.append(MatvecConfig(bn, bk, split, warps, preload=True))
+                    out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True, preload=True))
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))

@@ -138,15 +138,18 @@ def norm_in_matvec() -> bool:
     return _level("STRATA_NORM_IN_MATVEC", "0", ("0", "1")) == "1"
 
 
-def matvec_preload() -> bool:
-    """STRATA_MATVEC_PRELOAD=1 (opt-in until timed): on the GPU kernel path, a decode matvec of one row
+def matvec_preload() -> str:
+    """STRATA_MATVEC_PRELOAD (opt-in until timed): on the GPU kernel path, a decode matvec of one row
     of 16/32-bit x by a Q8_0 or Q5_0 weight of K up to 2,048 (the 0.5B's q/k/v, o and gate/up; not
     the output head) takes all of K in one step, its weights loaded and decoded before the PDL wait
     (`MatvecConfig.preload`), so only x's load follows the kernel before: the same sums as the
     default tile's where K fits one of its steps, else one step's fp32 sums for two (rounding apart,
     the same values). Q4_K's and Q6_K's int8 matvecs preload where the default tile takes K in one
-    step (the 1.5B's K of 1,536 at 8 x 2,048): the same sums. 0: the tiles of `default_config`."""
-    return _level("STRATA_MATVEC_PRELOAD", "0", ("0", "1")) == "1"
+    step (the 1.5B's K of 1,536 at 8 x 2,048): the same sums. 1: so; matched: so, the Q8_0 and Q5_0
+    steps with `matched_loads` too (x loaded in the weights' thread layout: no shared-memory
+    conversion of x after the wait, 3 barriers there against 20 in the sm_90 build of the 0.5B's
+    8 x 1,024 Q5_0 tile; fp32 sums in another order). 0: the tiles of `default_config`."""
+    return _level("STRATA_MATVEC_PRELOAD", "0", ("0", "1", "matched"))
 
 
 def widen_to_stack() -> bool:

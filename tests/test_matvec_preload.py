@@ -40,7 +40,12 @@ def weight(qtype: T, n: int, k: int):
 @TYPES
 @pytest.mark.parametrize("n,k,cfg", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_preload_is_bitwise_the_plain_step(qtype: T, n: int, k: int, cfg: MatvecConfig, dtype: torch.dtype):
+@pytest.mark.parametrize("matched", [False, True], ids=["plain", "matched"])
+def test_preload_is_bitwise_the_plain_step(
+    qtype: T, n: int, k: int, cfg: MatvecConfig, dtype: torch.dtype, matched: bool
+):
+    # matched: the preloaded step is the matched loop's, so its bits are those of matched_loads.
+    cfg = replace(cfg, matched_loads=matched)
     packed = weight(qtype, n, k)
     x = torch.randn(1, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE)
@@ -59,8 +64,9 @@ def test_preload_is_bitwise_the_plain_step(qtype: T, n: int, k: int, cfg: Matvec
 
 
 @TYPES
-def test_preload_matches_reference(qtype: T):
-    check(qtype, 1, 37, 7 * 32, torch.float32, MatvecConfig(8, 256, 1, preload=True))
+@pytest.mark.parametrize("matched", [False, True], ids=["plain", "matched"])
+def test_preload_matches_reference(qtype: T, matched: bool):
+    check(qtype, 1, 37, 7 * 32, torch.float32, MatvecConfig(8, 256, 1, matched_loads=matched, preload=True))
 
 
 @TYPES
@@ -79,11 +85,15 @@ def test_preload_reaches_the_kernel(qtype: T, monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setitem(qm._KERNELS, qtype, (Recorder(), unit))
     packed = weight(qtype, 21, 256)
-    quant_matvec(
-        torch.randn(1, 256, device=DEVICE), packed, qtype, 21, 256, config=MatvecConfig(8, 256, preload=True)
-    )
-    quant_matvec(torch.randn(1, 256, device=DEVICE), packed, qtype, 21, 256, config=MatvecConfig(8, 256))
-    assert [s.get("PRELOAD", False) for s in seen] == [True, False]
+    x = torch.randn(1, 256, device=DEVICE)
+    preload = MatvecConfig(8, 256, preload=True)
+    for cfg in (preload, MatvecConfig(8, 256), replace(preload, matched_loads=True)):
+        quant_matvec(x, packed, qtype, 21, 256, config=cfg)
+    assert [(s.get("PRELOAD", False), s.get("MATCHED", False)) for s in seen] == [
+        (True, False),
+        (False, False),
+        (True, True),
+    ]
 
 
 @TYPES
@@ -102,10 +112,8 @@ def test_preload_refuses_what_it_does_not_implement(qtype: T):
         quant_matvec(x[:1], packed, qtype, n, k, config=MatvecConfig(8, 128, 1, preload=True))
     with pytest.raises(ValueError, match="with int8_x=True"):
         quant_matvec(x[:1].bfloat16(), packed, qtype, n, k, config=replace(one_step, int8_x=True))
-    with pytest.raises(ValueError, match="not with matched_loads or flat_acc"):
-        quant_matvec(x[:1], packed, qtype, n, k, config=replace(one_step, matched_loads=True))
     if qtype == T.Q5_0:
-        with pytest.raises(ValueError, match="not with matched_loads or flat_acc"):
+        with pytest.raises(ValueError, match="runs the plain or the matched loop: not with flat_acc"):
             quant_matvec(x[:1], packed, qtype, n, k, config=replace(one_step, flat_acc=True))
     raw = random_weight(qtype, n, k, seed=4).to(DEVICE)
     with pytest.raises(ValueError, match="preload needs a weight packed once"):
@@ -130,6 +138,29 @@ def test_env_preload_takes_k_in_one_step(qtype: T, monkeypatch: pytest.MonkeyPat
         quant_matvec(x, packed, qtype, 21, 28 * 32), quant_matvec(x, packed, qtype, 21, 28 * 32, config=tile)
     )
     check(qtype, 1, 21, 28 * 32, torch.float32, None)  # the launcher's own choice, under the env
+    matched = replace(tile, matched_loads=True)
+    assert qm.preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed, False, matched=True) == matched
+    monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "matched")
+    assert torch.equal(
+        quant_matvec(x, packed, qtype, 21, 28 * 32),
+        quant_matvec(x, packed, qtype, 21, 28 * 32, config=matched),
+    )
+    check(qtype, 1, 21, 28 * 32, torch.float32, None)
+
+
+def test_env_preload_levels(monkeypatch: pytest.MonkeyPatch):
+    from strata import env
+
+    monkeypatch.delenv("STRATA_MATVEC_PRELOAD", raising=False)
+    assert env.matvec_preload() == "0"
+    for value in ("0", "1", "matched"):
+        monkeypatch.setenv("STRATA_MATVEC_PRELOAD", value)
+        assert env.matvec_preload() == value
+    monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "yes")
+    with pytest.raises(
+        ValueError, match="STRATA_MATVEC_PRELOAD='yes' must be 0, 1 or matched; unset it for 0"
+    ):
+        env.matvec_preload()
 
 
 @pytest.mark.parametrize(

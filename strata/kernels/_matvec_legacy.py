@@ -11,7 +11,14 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import add_to_row, exact_float, split_range, store_rows
-from strata.kernels._matvec_legacy_matched import q5_0_chunks, q8_0_chunks
+from strata.kernels._matvec_legacy_matched import (
+    q5_0_chunk_dot,
+    q5_0_chunk_weights,
+    q5_0_chunks,
+    q8_0_chunk_dot,
+    q8_0_chunk_weights,
+    q8_0_chunks,
+)
 from strata.kernels.pdl import await_inputs, prefetch_weights
 from strata.kernels.x_loads import load_x, row_inverse_rms
 
@@ -29,19 +36,26 @@ def q8_0_matvec_kernel(
     """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED
     (M = 1): x is RMSNorm(x) with weight norm_ptr (`x_loads`); ADD: out += y (`_bits.added`).
     PRELOAD (M = 1, one step a program): the step's weights loaded and decoded before `await_inputs`,
-    then the loop's one step on them (the same operations, so the same bits)."""
+    then the loop's one step on them (the same operations, so the same bits); with MATCHED, the
+    matched loop's one step (no layout conversion of x after the wait)."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
     rc = tl.minimum(rows, N - 1)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
-    if PRELOAD:
+    if PRELOAD and MATCHED:
+        w, d = q8_0_chunk_weights(qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, NB)
+    elif PRELOAD:
         w, d = _q8_0_weights(qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, NB)
     else:
         prefetch_weights(qs_ptr, rc, stride_qs, lo * 32, hi * 32, BLOCK_K, PDL)
     await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
-    if PRELOAD:
+    if PRELOAD and MATCHED:
+        acc = q8_0_chunk_dot(tl.zeros((BLOCK_N, NB, 4), tl.float32), x_ptr, w, d, lo, hi, BLOCK_N, NB,
+                             *norm, NORMED)  # fmt: skip
+        acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
+    elif PRELOAD:
         acc = _q8_0_dot(tl.zeros((M_PAD, BLOCK_N), tl.float32), x_ptr, w, d, lo, hi, 0, stride_xm,
                         M_PAD, NB, *norm, NORMED)  # fmt: skip
     elif MATCHED:
@@ -74,13 +88,20 @@ def q5_0_matvec_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
-    if PRELOAD:
+    if PRELOAD and MATCHED:
+        w_lo, w_hi, d = q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh,
+                                           stride_d, NB)  # fmt: skip
+    elif PRELOAD:
         w_lo, w_hi, d = _q5_0_weights(qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d, NB)
     else:
         prefetch_weights(qs_ptr, rc, stride_qs, lo * 16, hi * 16, BLOCK_K // 2, PDL)
     await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
-    if PRELOAD:
+    if PRELOAD and MATCHED:
+        acc = q5_0_chunk_dot(tl.zeros((BLOCK_N, NB, 2), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi,
+                             BLOCK_N, NB, *norm, NORMED)  # fmt: skip
+        acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
+    elif PRELOAD:
         acc = _q5_0_dot(tl.zeros((M_PAD, BLOCK_N), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi, 0,
                         stride_xm, M_PAD, NB, False, *norm, NORMED)  # fmt: skip
     elif MATCHED:

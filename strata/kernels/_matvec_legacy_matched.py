@@ -44,18 +44,34 @@ def q8_0_chunks(x_ptr, qs_ptr, d_ptr, rows, lo, hi, stride_qs, stride_d,
     32 quant bytes are four chunks of 8, a thread's chunk meeting its 8 elements of x (loaded by
     `x_loads.load_x`: NORMED, its norm)."""
     acc = tl.zeros((BLOCK_N, NB, 4), tl.float32)
-    none = tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
     for b0 in range(lo, hi, NB):
-        blk = b0 + tl.arange(0, NB)
-        bm = blk < hi
-        off = (blk[:, None, None] * 32 + _in_block(bm, 4))[None, :, :, :]
-        m4 = bm[None, :, None, None]
-        q = tl.load(qs_ptr + rows[:, None, None, None] * stride_qs + off, mask=m4, other=0)
-        x = load_x(x_ptr, None, off + none, m4, False, norm_ptr, inv_rms, NORMED)
-        # q + 128 = the byte with its sign bit flipped.
-        w = exact_float(q.to(tl.int32) ^ 0x80, 128)
-        acc += tl.sum(w * x, 3) * _per_chunk(d_ptr, rows, stride_d, blk, bm, 4).to(tl.float32)
+        w, d = q8_0_chunk_weights(qs_ptr, d_ptr, rows, b0, hi, stride_qs, stride_d, NB)
+        acc = q8_0_chunk_dot(acc, x_ptr, w, d, b0, hi, BLOCK_N, NB, norm_ptr, inv_rms, NORMED)
     return tl.sum(tl.sum(acc, 2), 1)
+
+
+@triton.jit
+def q8_0_chunk_weights(qs_ptr, d_ptr, rows, b0, hi, stride_qs, stride_d, NB: tl.constexpr):
+    """Blocks [b0, b0 + NB) below hi of row tile `rows`: (BLOCK_N, NB, 4, 8) exact fp32 quants in
+    chunks of 8 and (BLOCK_N, NB, 4) fp32 scales, each block's once per chunk (the sums' layout)."""
+    blk = b0 + tl.arange(0, NB)
+    bm = blk < hi
+    off = (blk[:, None, None] * 32 + _in_block(bm, 4))[None, :, :, :]
+    q = tl.load(qs_ptr + rows[:, None, None, None] * stride_qs + off, mask=bm[None, :, None, None], other=0)
+    # q + 128 = the byte with its sign bit flipped.
+    w = exact_float(q.to(tl.int32) ^ 0x80, 128)
+    return w, _per_chunk(d_ptr, rows, stride_d, blk, bm, 4).to(tl.float32)
+
+
+@triton.jit
+def q8_0_chunk_dot(acc, x_ptr, w, d, b0, hi, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+                   norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+    """acc plus the chunk sums of x times the blocks [b0, b0 + NB) decoded by `q8_0_chunk_weights`."""
+    blk = b0 + tl.arange(0, NB)
+    bm = blk < hi
+    off = (blk[:, None, None] * 32 + _in_block(bm, 4))[None, :, :, :] + tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
+    x = load_x(x_ptr, None, off, bm[None, :, None, None], False, norm_ptr, inv_rms, NORMED)
+    return acc + tl.sum(w * x, 3) * d
 
 
 @triton.jit
@@ -66,20 +82,42 @@ def q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rows, lo, hi, stride_qs, stride_qh
     bit i of qh is element i's fifth bit. A block's 16 quant bytes are two chunks of 8; a thread's
     chunk meets its 8 elements of each half of x."""
     acc = tl.zeros((BLOCK_N, NB, 2), tl.float32)
-    none = tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
     for b0 in range(lo, hi, NB):
-        blk = b0 + tl.arange(0, NB)
-        bm = blk < hi
-        m4 = bm[None, :, None, None]
-        i = _in_block(bm, 2)[None, :, :, :]  # bytes 0..15 of the block
-        q_at = qs_ptr + rows[:, None, None, None] * stride_qs + blk[None, :, None, None] * 16 + i
-        q = tl.load(q_at, mask=m4, other=0).to(tl.int32)
-        qh = _per_chunk(qh_ptr, rows, stride_qh, blk, bm, 2)[:, :, :, None]
-        w_lo = exact_float((q & 15) | (((qh >> i) & 1) << 4), 16)
-        w_hi = exact_float((q >> 4) | (((qh >> (i + 16)) & 1) << 4), 16)
-        x_at = blk[None, :, None, None] * 32 + i + none
-        x_lo = load_x(x_ptr, None, x_at, m4, False, norm_ptr, inv_rms, NORMED)
-        x_hi = load_x(x_ptr, None, x_at + 16, m4, False, norm_ptr, inv_rms, NORMED)
-        d = _per_chunk(d_ptr, rows, stride_d, blk, bm, 2).to(tl.float32)
-        acc += tl.sum(w_lo * x_lo + w_hi * x_hi, 3) * d
+        w_lo, w_hi, d = q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, rows, b0, hi, stride_qs, stride_qh,
+                                           stride_d, NB)  # fmt: skip
+        acc = q5_0_chunk_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, BLOCK_N, NB, norm_ptr, inv_rms, NORMED)
     return tl.sum(tl.sum(acc, 2), 1)
+
+
+@triton.jit
+def q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, rows, b0, hi, stride_qs, stride_qh, stride_d,
+                       NB: tl.constexpr):  # fmt: skip
+    """Blocks [b0, b0 + NB) below hi of row tile `rows`: the (BLOCK_N, NB, 2, 8) exact fp32 quants of
+    each block's first and second 16 elements in chunks of 8, and (BLOCK_N, NB, 2) fp32 scales."""
+    blk = b0 + tl.arange(0, NB)
+    bm = blk < hi
+    m4 = bm[None, :, None, None]
+    i = _in_block(bm, 2)[None, :, :, :]  # bytes 0..15 of the block
+    q_at = qs_ptr + rows[:, None, None, None] * stride_qs + blk[None, :, None, None] * 16 + i
+    q = tl.load(q_at, mask=m4, other=0).to(tl.int32)
+    qh = _per_chunk(qh_ptr, rows, stride_qh, blk, bm, 2)[:, :, :, None]
+    w_lo = exact_float((q & 15) | (((qh >> i) & 1) << 4), 16)
+    w_hi = exact_float((q >> 4) | (((qh >> (i + 16)) & 1) << 4), 16)
+    return w_lo, w_hi, _per_chunk(d_ptr, rows, stride_d, blk, bm, 2).to(tl.float32)
+
+
+@triton.jit
+def q5_0_chunk_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+                   norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+    """acc plus the chunk sums of x times the halves decoded by `q5_0_chunk_weights`."""
+    blk = b0 + tl.arange(0, NB)
+    bm = blk < hi
+    m4 = bm[None, :, None, None]
+    x_at = (
+        blk[None, :, None, None] * 32
+        + _in_block(bm, 2)[None, :, :, :]
+        + tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
+    )
+    x_lo = load_x(x_ptr, None, x_at, m4, False, norm_ptr, inv_rms, NORMED)
+    x_hi = load_x(x_ptr, None, x_at + 16, m4, False, norm_ptr, inv_rms, NORMED)
+    return acc + tl.sum(w_lo * x_lo + w_hi * x_hi, 3) * d

@@ -95,6 +95,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 out.append((f"{kernel.__name__} {name} matched loads", kernel, matched, pointers))
                 preload = dict(tile, PRELOAD=True, PDL=1)
                 out.append((f"{kernel.__name__} {name} pdl preload", kernel, preload, pointers))
+                preload = dict(preload, MATCHED=True)
+                out.append((f"{kernel.__name__} {name} pdl preload matched", kernel, preload, pointers))
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),

@@ -72,8 +72,8 @@ def _check_preload(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m
             f"MatvecConfig.preload in the {qtype.name} kernel needs one K step a program, not {steps:.2f} "
             f"(k={packed.k} split {cfg.split_k} ways, block_k={cfg.block_k}): give block_k * split_k >= k"
         )
-    if cfg.matched_loads or cfg.flat_acc:
-        raise ValueError("MatvecConfig.preload runs the plain loop: not with matched_loads or flat_acc")
+    if cfg.flat_acc:
+        raise ValueError("MatvecConfig.preload runs the plain or the matched loop: not with flat_acc")
 
 
 def program_steps(cfg: MatvecConfig, k: int) -> float:

@@ -91,7 +91,8 @@ class MatvecConfig:
     loads and decodes the program's weights before `await_inputs`, so that under PDL they arrive while
     the kernel before runs and only x's load lies on the step's path; in Q4_K's and Q6_K's int8
     kernels (any M and steps) it runs `prefetch`'s loop with the first step's weights loaded before
-    the wait. The same sums, bit for bit (opt-in until timed)."""
+    the wait. The same sums, bit for bit (opt-in until timed). With `matched_loads` the Q8_0 and Q5_0
+    kernels preload the matched loop's step, so x's load after the wait needs no layout conversion."""
 
     block_n: int = 16
     block_k: int = 256
@@ -301,8 +302,9 @@ def quant_matvec(
         raise ValueError(
             "MatvecConfig.preload needs a weight packed once (pack_quant_weight), not raw blocks"
         )
-    if config is None and m == 1 and packed is w and env.matvec_preload():
-        cfg = preload_tile(cfg, packed, int8_x)
+    preload = env.matvec_preload()
+    if config is None and m == 1 and packed is w and preload != "0":
+        cfg = preload_tile(cfg, packed, int8_x, matched=preload == "matched")
     check_flags(cfg, packed, int8_x, m)
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
     if qtype == _T.Q6_K and packed.layout == "rows" and int8_x and config is not None:
@@ -354,11 +356,14 @@ def quant_matvec(
     return out
 
 
-def preload_tile(cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool) -> MatvecConfig:
+def preload_tile(
+    cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool, matched: bool = False
+) -> MatvecConfig:
     """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with int8 x, Q4_K's planar and
     Q6_K's kernels preload where the tile takes K in one step (the 1.5B's K = 1,536 at 8 x 2,048); with
-    fp32 x, a Q8_0 or Q5_0 weight of K up to 2,048 takes K in one step, preloaded, where that tile
-    holds at most 8 x 2,048 weights (not an output head's 64-row tiles). Any other weight keeps `cfg`."""
+    fp32 x, a Q8_0 or Q5_0 weight of K up to 2,048 takes K in one step, preloaded (`matched`: with
+    matched loads), where that tile holds at most 8 x 2,048 weights (not an output head's 64-row
+    tiles). Any other weight keeps `cfg`."""
     if int8_x:  # (the "rows" layouts run kernels of their own, which take no MatvecConfig)
         one_step = (w.planar or w.qtype == _T.Q6_K) and w.layout != "rows" and program_steps(cfg, w.k) <= 1
         return replace(cfg, preload=True) if one_step else cfg
@@ -366,7 +371,7 @@ def preload_tile(cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool) -> Matve
     # At most 8 x 2,048 weights a program: a thread holds them all, decoded, across the wait.
     if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.k > 2048 or cfg.block_n * block_k > 8 * 2048:
         return cfg
-    return replace(cfg, block_k=block_k, split_k=1, preload=True)
+    return replace(cfg, block_k=block_k, split_k=1, preload=True, matched_loads=matched, flat_acc=False)
 
 
 def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
