@@ -19,7 +19,7 @@ from strata.kernels._matvec_legacy_matched import (
     q8_0_chunk_weights,
     q8_0_chunks,
 )
-from strata.kernels.pdl import await_inputs, prefetch_weights
+from strata.kernels.pdl import await_inputs, await_inputs_after, prefetch_weights
 from strata.kernels.x_loads import load_x, row_inverse_rms
 
 
@@ -49,7 +49,10 @@ def q8_0_matvec_kernel(
         w, d = _q8_0_weights(qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, NB)
     else:
         prefetch_weights(qs_ptr, rc, stride_qs, lo * 32, hi * 32, BLOCK_K, PDL)
-    await_inputs(PDL)
+    if PRELOAD:  # the decode before the wait (`await_inputs_after`): a token of every weight
+        await_inputs_after((tl.sum(w, len(w.shape) - 1) * d).to(tl.int32, bitcast=True), PDL)
+    else:
+        await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
     if PRELOAD and MATCHED:
         acc = q8_0_chunk_dot(tl.zeros((BLOCK_N, NB, 4), tl.float32), x_ptr, w, d, lo, hi, BLOCK_N, NB,
@@ -95,7 +98,10 @@ def q5_0_matvec_kernel(
         w_lo, w_hi, d = _q5_0_weights(qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d, NB)
     else:
         prefetch_weights(qs_ptr, rc, stride_qs, lo * 16, hi * 16, BLOCK_K // 2, PDL)
-    await_inputs(PDL)
+    if PRELOAD:  # as Q8_0's
+        await_inputs_after((tl.sum(w_lo + w_hi, len(w_lo.shape) - 1) * d).to(tl.int32, bitcast=True), PDL)
+    else:
+        await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
     if PRELOAD and MATCHED:
         acc = q5_0_chunk_dot(tl.zeros((BLOCK_N, NB, 2), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi,

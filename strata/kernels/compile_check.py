@@ -323,18 +323,9 @@ def barriers_in_loops(cubin: bytes) -> int | None:
     """Barriers (BAR.SYNC) inside the SASS's loops, from Triton's bundled nvdisasm (None without it):
     what the layout conversions that are not no-ops cost every iteration. `converts_in_loops` counts
     the TTGIR's conversions, some of which change nothing and compile to no instruction at all."""
-    import triton
-
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    if not nvdisasm.exists():
+    lines = _sass(cubin)
+    if lines is None:
         return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run(
-            [str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    lines = sass.splitlines()
     labels = {
         line.strip()[:-1]: i
         for i, line in enumerate(lines)
@@ -348,6 +339,22 @@ def barriers_in_loops(cubin: bytes) -> int | None:
     return sum("BAR.SYNC" in lines[j] for j in inside)
 
 
+def _sass(cubin: bytes) -> list[str] | None:
+    """The cubin's SASS lines, from Triton's bundled nvdisasm (None without it)."""
+    import triton
+
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    if not nvdisasm.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run(
+            [str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    return sass.splitlines()
+
+
 def check_pdl(ptx: str, level: int, preload: bool = False) -> None:
     """PDL 1 or 2: the PTX waits for the previous kernel; 2: it asks L2 for weights before that wait;
     `preload` (MatvecConfig.preload): it loads from global memory (the weights) before that wait."""
@@ -358,6 +365,17 @@ def check_pdl(ptx: str, level: int, preload: bool = False) -> None:
         raise AssertionError("PDL=2 but the PTX has no prefetch.global.L2 before its wait")
     if preload and not 0 <= ptx.find("ld.global") < wait:
         raise AssertionError("PRELOAD but the PTX has no global load before its wait")
+
+
+def decodes_after_wait(cubin: bytes) -> int | None:
+    """The `exact_float` decodes (FADD of -(2**23 + bias)) after the SASS's first grid dependency wait
+    (ACQBULK), from Triton's bundled nvdisasm (None without it): a preloaded fp32-x matvec must have
+    none, `await_inputs_after` keeping ptxas from moving them past the wait."""
+    lines = _sass(cubin)
+    if lines is None:
+        return None
+    wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), len(lines))
+    return sum("FADD" in line and "-8388" in line for line in lines[wait:])
 
 
 # Variants whose name starts so must compile without a barrier in a loop (the row-interleaved matvecs
@@ -376,6 +394,10 @@ def main() -> int:
             kernel = compile_for_sm90(fn, consts, pointers, constexprs.get("NUM_WARPS", 4))
             check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0), constexprs.get("PRELOAD", False))
             converts, bars = converts_in_loops(kernel.asm["ttgir"]), barriers_in_loops(kernel.asm["cubin"])
+            if constexprs.get("PRELOAD") and fn.__name__ in ("q8_0_matvec_kernel", "q5_0_matvec_kernel"):
+                late = decodes_after_wait(kernel.asm["cubin"])
+                if late:
+                    raise AssertionError(f"PRELOAD but {late} weight decodes after the wait")
             if name.startswith(NO_BARRIERS) and bars:
                 raise AssertionError(f"{bars} barriers in its loop, where it was written to have none")
             print(

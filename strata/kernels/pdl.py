@@ -58,6 +58,28 @@ def await_inputs(PDL: tl.constexpr):
 
 
 @triton.jit
+def await_inputs_after(token, PDL: tl.constexpr):
+    """`await_inputs` after `token` (an int32 tensor) is computed: for work done before the wait, such as
+    a preloaded matvec's decode of its weights. ptxas moves arithmetic freely across the wait, which
+    orders memory only (in the sm_90 build of the 0.5B's preloaded 8 x 1,024 Q5_0 tile, all 32 of a
+    thread's decodes ran after it); a wait predicated on `token` cannot be issued before `token` is.
+    The predicate compares token's bits with a signaling NaN, which no float arithmetic produces
+    (sm_90 writes the canonical NaN), so it always holds; a constant predicate ptxas folds away.
+    Each thread waits once per element of `token` it holds: the waits after the first return at
+    once."""
+    if PDL:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $1, 0x7FBADBAD; @p griddepcontrol.wait; } mov.u32 $0, 0;",
+            "=r,r",
+            [token],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+        gdc_launch_dependents()
+
+
+@triton.jit
 def prefetch_weights(plane_ptr, rows, stride, start, end, STEP: tl.constexpr, PDL: tl.constexpr):
     """With PDL 2, before `await_inputs`: ask L2 for elements [start, start + 2 STEP) of the weight
     plane's `rows` (row stride `stride`, elements of plane_ptr's type; clamped below `end`, the
