@@ -394,7 +394,7 @@ def main() -> int:
             kernel = compile_for_sm90(fn, consts, pointers, constexprs.get("NUM_WARPS", 4))
             check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0), constexprs.get("PRELOAD", False))
             converts, bars = converts_in_loops(kernel.asm["ttgir"]), barriers_in_loops(kernel.asm["cubin"])
-            if constexprs.get("PRELOAD") and fn.__name__ in ("q8_0_matvec_kernel", "q5_0_matvec_kernel"):
+            if constexprs.get("PRELOAD") and name.startswith(("q8_0_matvec_kernel", "q5_0_matvec_kernel")):
                 late = decodes_after_wait(kernel.asm["cubin"])
                 if late:
                     raise AssertionError(f"PRELOAD but {late} weight decodes after the wait")
