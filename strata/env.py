@@ -139,17 +139,16 @@ def norm_in_matvec() -> bool:
 
 
 def matvec_preload() -> str:
-    """STRATA_MATVEC_PRELOAD (opt-in until timed): on the GPU kernel path, a decode matvec of one row
-    of 16/32-bit x by a Q8_0 or Q5_0 weight of K up to 2,048 (the 0.5B's q/k/v, o and gate/up; not
-    the output head) takes all of K in one step, its weights loaded and decoded before the PDL wait
-    (`MatvecConfig.preload`), so only x's load follows the kernel before: the same sums as the
-    default tile's where K fits one of its steps, else one step's fp32 sums for two (rounding apart,
-    the same values). Q4_K's and Q6_K's int8 matvecs preload where the default tile takes K in one
-    step (the 1.5B's K of 1,536 at 8 x 2,048): the same sums. 1: so; matched: so, the Q8_0 and Q5_0
-    steps with `matched_loads` too (x loaded in the weights' thread layout: no shared-memory
-    conversion of x after the wait, 3 barriers there against 20 in the sm_90 build of the 0.5B's
-    8 x 1,024 Q5_0 tile; fp32 sums in another order). 0: the tiles of `default_config`."""
-    return _level("STRATA_MATVEC_PRELOAD", "0", ("0", "1", "matched"))
+    """STRATA_MATVEC_PRELOAD: on the GPU kernel path, how a decode matvec of one row of 16/32-bit x by
+    a Q8_0 or Q5_0 weight of K up to 2,048 (the 0.5B's q/k/v, o and gate/up; not the output head)
+    runs. matched (the default): all of K in one step, its weights loaded and decoded before the PDL
+    wait (`MatvecConfig.preload`) and x loaded in the weights' thread layout (`matched_loads`), so
+    that only x's load, the products and the sums follow the kernel before (fp32 sums in another order
+    than 0's). 1: preloaded without matched loads, and Q4_K's and Q6_K's int8 matvecs preloaded where
+    the default tile takes K in one step (the 1.5B's K of 1,536 at 8 x 2,048): the same sums as 0's.
+    0: the tiles of `default_config`. Measured (H100, 2026-12-07, decode of one sequence against 0):
+    0.5B matched 1.147x, 1 1.137x; 1.5B 1 0.960x."""
+    return _level("STRATA_MATVEC_PRELOAD", "matched", ("0", "1", "matched"))
 
 
 def widen_to_stack() -> bool:
@@ -244,36 +243,38 @@ def decode_steps() -> int:
 
 
 def short_graphs() -> int:
-    """STRATA_SHORT_GRAPHS (positions; default 0, off, until timed): decode steps whose contexts all fit
+    """STRATA_SHORT_GRAPHS (positions; default 2,048; 0 off): decode steps whose contexts all fit
     in that many positions run graphs captured for that bound (a second set, one per batch size); at a
     bound of up to STRATA_SPLIT_LEN (256) and the default short launch (`short_attention`) their
     attention takes one split per KV head and launches no merge; longer contexts run the graphs for the
     pool's whole length. Eager decode steps split by the same rule. Under STRATA_LIVE_SPLITS, with the
     default short launch, the two sets give the same bits; without it, the same bits only within one
     tile of 64 positions (see `live_splits`); a short launch of its own moves them further. Measured
-    (H100, 2026-12-05): 0.5B decode 0.967x alone and 1.099x over live splits, 7B 0.978x.
-    `short_attention` gives the set a launch of its own."""
-    return _integer("STRATA_SHORT_GRAPHS", 0, 0)
+    (H100, 2026-12-05): 0.5B decode 0.967x alone and 1.099x over live splits, 7B 0.978x, with the
+    default launch; with `short_attention`'s launch of its own see there."""
+    return _integer("STRATA_SHORT_GRAPHS", 2048, 0)
 
 
 def short_attention() -> tuple[int, int, int]:
     """(splits, block_t, stages): the paged decode attention launch of the short set of graphs
-    (STRATA_SHORT_GRAPHS; without it these do nothing), from STRATA_SHORT_SPLITS (at most that many
-    splits a sequence, counted as for the long set, so many sequences still take few: it replaces
-    STRATA_MAX_SPLITS for the short set, and may give more splits than 0 does; 0, the default: as many
-    as a context of the short bound takes), STRATA_SHORT_BLOCK_T (a power of two from 16) and
-    STRATA_SHORT_STAGES (0: the long set's, `decode_attention_launch`). A short context fills few
-    splits of a graph captured for the pool's whole length, and at 640 positions in graphs (H100,
-    2026-12-06) 16 splits of 64-position tiles in two stages took 4.17 us a layer (0.5B) and 5.44 (7B)
-    against the default launch's 4.80 and 6.64, while 128-position tiles win at 32k. End to end as a
-    fixed 16 splits (H200): 1.005-1.050 at one to eight sequences, 0.967 on the 7B at 64 (hence the
-    cap); off until the cap is timed."""
-    block_t = _integer("STRATA_SHORT_BLOCK_T", 0, 0, 256)
+    (STRATA_SHORT_GRAPHS; without it these do nothing), from STRATA_SHORT_SPLITS (at most that many splits
+    a sequence, counted as for the long set, so many sequences still take few: it replaces
+    STRATA_MAX_SPLITS for the short set, and may give more splits than 0 does; default 16; 0: as many as a
+    context of the short bound takes), STRATA_SHORT_BLOCK_T (a power of two from 16; default 64) and
+    STRATA_SHORT_STAGES (default 2; 0 for these two: the long set's, `decode_attention_launch`). A short
+    context fills few splits of a graph captured for the pool's whole length, and at 640 positions in
+    graphs (H100, 2026-12-06) 16 splits of 64-position tiles in two stages took 4.17 us a layer (0.5B) and
+    5.44 (7B) against the default launch's 4.80 and 6.64, while 128-position tiles win at 32k. End to end
+    as a fixed 16 splits (H200): 1.005-1.050 at one to eight sequences, 0.967 on the 7B at 64 (hence the
+    cap). The defaults, 16 splits at most, 64-position tiles, two stages, under a bound of 2,048 (H100,
+    2026-12-07, against STRATA_SHORT_GRAPHS=0): 0.5B 1.001x, 1.5B 1.024x, 7B 1.017x at one sequence, 0.5B
+    1.000x at 8, 7B 1.047x at 64."""
+    block_t = _integer("STRATA_SHORT_BLOCK_T", 64, 0, 256)
     if block_t and (block_t < 16 or block_t & (block_t - 1)):
         raise ValueError(
-            f"STRATA_SHORT_BLOCK_T={block_t} must be a power of two from 16 to 256; unset it for 0"
+            f"STRATA_SHORT_BLOCK_T={block_t} must be 0 or a power of two from 16 to 256; unset it for 64"
         )
-    return _integer("STRATA_SHORT_SPLITS", 0, 0, 1024), block_t, _integer("STRATA_SHORT_STAGES", 0, 0, 8)
+    return _integer("STRATA_SHORT_SPLITS", 16, 0, 1024), block_t, _integer("STRATA_SHORT_STAGES", 2, 0, 8)
 
 
 def decode_splits() -> tuple[int, int]:

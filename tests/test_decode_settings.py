@@ -7,8 +7,9 @@ logits are compared.
 - STRATA_ACT_IN_QUANT=0: the gated activation launched on its own (default: inside x's quantization)
 - STRATA_LIVE_SPLITS=1: decode attention runs only the splits each context fills
 - STRATA_ROPE_IN_ATTENTION=1: decode attention rotates q and writes the new K/V itself
-- STRATA_SHORT_GRAPHS=256: short contexts split by a bound of 256 positions (and with
-  STRATA_SHORT_SPLITS/_BLOCK_T/_STAGES, launched as those say)
+- STRATA_SHORT_GRAPHS=256: short contexts split by a bound of 256 positions (with STRATA_SHORT_SPLITS,
+  _BLOCK_T and _STAGES at 0; and at others, launched as those say). The defaults' bound of 2,048 is the
+  model's whole length here, so the defaults run the long set.
 - STRATA_NORM_IN_MATVEC=1 (with int8 x off): one-row steps' norms in the projections' loads and
   residual adds in their stores
 """
@@ -151,7 +152,7 @@ def test_rope_in_attention(model: Path, defaults: Run):
 def test_short_context_bound(model: Path, defaults: Run):
     # STRATA_SHORT_GRAPHS=256: these short contexts are split by a bound of 256 positions (one split,
     # no merge) instead of the model's 2,048 (here one filled split of eight): the same bits.
-    short = decode(model, SHORT_GRAPHS="256")
+    short = decode(model, SHORT_GRAPHS="256", SHORT_SPLITS="0", SHORT_BLOCK_T="0", SHORT_STAGES="0")
     assert_same_bits(short, defaults)
     assert {kw["max_context_len"] for kw in defaults.attention} == {2048}
     assert {kw["max_context_len"] for kw in short.attention} == {256}

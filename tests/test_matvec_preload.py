@@ -152,13 +152,13 @@ def test_env_preload_levels(monkeypatch: pytest.MonkeyPatch):
     from strata import env
 
     monkeypatch.delenv("STRATA_MATVEC_PRELOAD", raising=False)
-    assert env.matvec_preload() == "0"
+    assert env.matvec_preload() == "matched"
     for value in ("0", "1", "matched"):
         monkeypatch.setenv("STRATA_MATVEC_PRELOAD", value)
         assert env.matvec_preload() == value
     monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "yes")
     with pytest.raises(
-        ValueError, match="STRATA_MATVEC_PRELOAD='yes' must be 0, 1 or matched; unset it for 0"
+        ValueError, match="STRATA_MATVEC_PRELOAD='yes' must be 0, 1 or matched; unset it for matched"
     ):
         env.matvec_preload()
 
@@ -204,6 +204,7 @@ def test_env_preload_on_q4k_int8_takes_one_step_tiles_only():
     assert qm.preload_tile(cfg, one, True).preload
     assert not qm.preload_tile(replace(cfg, block_k=512), one, True).preload  # three steps
     assert not qm.preload_tile(cfg, one, False).preload  # fp32 x: Q4_K's planar fp32 kernel has none
+    assert not qm.preload_tile(cfg, one, True, matched=True).preload  # the default level: fp32 x only
 
 
 @pytest.mark.parametrize(

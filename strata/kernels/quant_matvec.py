@@ -359,14 +359,14 @@ def quant_matvec(
 def preload_tile(
     cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool, matched: bool = False
 ) -> MatvecConfig:
-    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with int8 x, Q4_K's planar and
-    Q6_K's kernels preload where the tile takes K in one step (the 1.5B's K = 1,536 at 8 x 2,048); with
-    fp32 x, a Q8_0 or Q5_0 weight of K up to 2,048 takes K in one step, preloaded (`matched`: with
-    matched loads), where that tile holds at most 8 x 2,048 weights (not an output head's 64-row
-    tiles). Any other weight keeps `cfg`."""
+    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with fp32 x, a Q8_0 or Q5_0
+    weight of K up to 2,048 takes K in one step, preloaded (`matched`: with matched loads), where that
+    tile holds at most 8 x 2,048 weights (not an output head's 64-row tiles); with int8 x, unless
+    `matched`, Q4_K's planar and Q6_K's kernels preload where the tile takes K in one step (the 1.5B's
+    K = 1,536 at 8 x 2,048; 0.960x on the 1.5B, H100). Any other weight keeps `cfg`."""
     if int8_x:  # (the "rows" layouts run kernels of their own, which take no MatvecConfig)
         one_step = (w.planar or w.qtype == _T.Q6_K) and w.layout != "rows" and program_steps(cfg, w.k) <= 1
-        return replace(cfg, preload=True) if one_step else cfg
+        return replace(cfg, preload=True) if one_step and not matched else cfg
     block_k = max(cfg.block_k, triton.next_power_of_2(w.k))
     # At most 8 x 2,048 weights a program: a thread holds them all, decoded, across the wait.
     if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.k > 2048 or cfg.block_n * block_k > 8 * 2048:
