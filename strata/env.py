@@ -151,6 +151,15 @@ def matvec_preload() -> str:
     return _level("STRATA_MATVEC_PRELOAD", "matched", ("0", "1", "matched"))
 
 
+def x_per_row() -> bool:
+    """STRATA_X_PER_ROW=1 (opt-in until timed): on the GPU kernel path, Q4_K's int8 matvec at its
+    default tile for one row (8 x 2,048 on weights of 2,048-65,535 rows: the 7B's and the 1.5B's)
+    loads x's words in the words' layout, once for each row a thread holds, instead of once and
+    converted (`MatvecConfig.x_per_row`): the same sums. In the sm_90 build of that tile, 3 barriers
+    after the PDL wait instead of 8, 299 instructions instead of 325."""
+    return _level("STRATA_X_PER_ROW", "0", ("0", "1")) == "1"
+
+
 def widen_to_stack() -> bool:
     """STRATA_WIDEN_TO_STACK=1 (opt-in until timed): on the GPU kernel path, projections of one input
     whose weights are Q5_0 and Q8_0 (the 0.5B's q+k and v in half its layers) are stacked into one

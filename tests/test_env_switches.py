@@ -18,6 +18,7 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_DENSE_STACK", env.dense_stack, True),
     ("STRATA_NORM_IN_MATVEC", env.norm_in_matvec, False),
     ("STRATA_WIDEN_TO_STACK", env.widen_to_stack, False),
+    ("STRATA_X_PER_ROW", env.x_per_row, False),
 ]
 
 

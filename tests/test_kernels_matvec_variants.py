@@ -234,3 +234,15 @@ def test_paired_dm_needs_the_planar_layout():
         quant_matvec(
             torch.randn(1, 256, device=DEVICE), raw, T.Q6_K, 4, 256, config=MatvecConfig(paired_dm=True)
         )
+
+
+def test_x_per_row_switch_reaches_the_default_tile(monkeypatch):
+    # STRATA_X_PER_ROW=1: Q4_K's int8 tile for one row (weights of 2,048-65,535 rows) loads x per row
+    # (its bits are the plain tile's: test_int8_load_layouts_give_the_same_sums); other tiles are left
+    # alone.
+    monkeypatch.delenv("STRATA_X_PER_ROW", raising=False)
+    assert not default_config(T.Q4_K, 1, 4096, 3584, planar_int8=True).x_per_row
+    monkeypatch.setenv("STRATA_X_PER_ROW", "1")
+    assert default_config(T.Q4_K, 1, 4096, 3584, planar_int8=True).x_per_row
+    assert not default_config(T.Q4_K, 1, 896, 4864, planar_int8=True).x_per_row  # the 0.5B's down
+    assert not default_config(T.Q4_K, 4, 4096, 3584, planar_int8=True).x_per_row

@@ -38,6 +38,7 @@ ENV_OPTIONS = {
     "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
     "widen_to_stack": "STRATA_WIDEN_TO_STACK",
     "matvec_preload": "STRATA_MATVEC_PRELOAD",
+    "x_per_row": "STRATA_X_PER_ROW",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

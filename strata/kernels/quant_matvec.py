@@ -154,9 +154,8 @@ def default_config(
         # (gpu_matvec_graph.py --int8-only, H200, 2026-12-04): 8 x 2,048 with 4 warps is the best tile
         # on each of the 7B's weights: q+k 6.21 us, q+k+v 6.99, o 6.14, gate+up 34.01 (16 x 512:
         # 37.19), down 23.13 (8 warps: 24.05). The scales' layout alone: 1.08-1.13x at that tile.
-        return MatvecConfig(
-            8, 2048, auto_split_k(n, k, 8, 2048, num_sms), 4, flat_acc=True, scalar_scales=True
-        )
+        split = auto_split_k(n, k, 8, 2048, num_sms)
+        return MatvecConfig(8, 2048, split, 4, flat_acc=True, scalar_scales=True, x_per_row=env.x_per_row())
     if m == 1:
         block_n, block_k, warps = 8, 512, 8 if k <= 1024 else 4
         if n >= 65536:  # an output head: 150k rows
