@@ -129,7 +129,10 @@ def test_env_preload_takes_k_in_one_step(qtype: T, monkeypatch: pytest.MonkeyPat
     # one-step tile, within the reference's tolerance; a weight of K over 2,048 keeps the default.
     packed = weight(qtype, 21, 28 * 32)
     tile = qm.preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed, False)
-    assert (tile.block_k, tile.split_k, tile.preload) == (1024, 1, True)
+    assert (tile.block_k, tile.split_k, tile.num_warps, tile.preload) == (1024, 1, 8, True)
+    wide = weight(qtype, 5, 48 * 32)  # K = 1,536: one step of 2,048, still 8 warps (registers)
+    wide_tile = qm.preload_tile(qm.default_config(qtype, 1, 5, 48 * 32), wide, False, matched=True)
+    assert (wide_tile.block_k, wide_tile.num_warps, wide_tile.matched_loads) == (2048, 8, True)
     long = weight(qtype, 5, 72 * 32)
     assert not qm.preload_tile(qm.default_config(qtype, 1, 5, 72 * 32), long, False).preload
     monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "1")

@@ -370,7 +370,11 @@ def preload_tile(
     # At most 8 x 2,048 weights a program: a thread holds them all, decoded, across the wait.
     if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.k > 2048 or cfg.block_n * block_k > 8 * 2048:
         return cfg
-    return replace(cfg, block_k=block_k, split_k=1, preload=True, matched_loads=matched, flat_acc=False)
+    # 8 warps: the measured best at K = 896 (8 x 1,024); at 8 x 2,048 a thread of 4 warps would hold
+    # 128 decoded weights (168 registers in the sm_90 build of Q5_0's, 105 at 8 warps).
+    return replace(
+        cfg, block_k=block_k, split_k=1, num_warps=8, preload=True, matched_loads=matched, flat_acc=False
+    )
 
 
 def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
