@@ -42,9 +42,10 @@ import triton
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from strata.kernels.int8_inputs import int8_order
+from strata.kernels.matvec_tiles import env_tile
 from strata.kernels.paged_attention import choose_num_splits, paged_decode_attention
 from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec
-from strata.kernels.quant_pack import pack_quant_weight
+from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight
 from strata.quant import dequantize
 
 T = GGMLQuantizationType
@@ -130,9 +131,11 @@ def random_weight(
     return raw.view(-1)
 
 
-def matvec_configs(qtype: GGMLQuantizationType, m: int, n: int, k: int, sms: int) -> list[MatvecConfig]:
+def matvec_configs(packed: PackedQuantWeight, m: int, sms: int) -> list[MatvecConfig]:
+    qtype, n, k = packed.qtype, packed.n, packed.k
     unit = {T.Q4_K: 64, T.Q6_K: 128}.get(qtype, 32)
-    out = [default_config(qtype, m, n, k, sms)]
+    # The tile quant_matvec runs without a config (fp32 x here; STRATA_MATVEC_PRELOAD's included).
+    out = [env_tile(default_config(qtype, m, n, k, sms), packed, m, False)]
     if m == 1:
         for bn, bk, warps in ((32, 256, 4), (16, 512, 8), (8, 256, 2)):
             bk = max(bk, unit)
@@ -172,7 +175,7 @@ def run_matvec(args: argparse.Namespace, device: str, sms: int, log: Log) -> lis
                 base_ms = bench_ms(partial(F.linear, x, w16), args.smoke)
                 moved = packed.nbytes + x.numel() * 2 + m * n * 2
                 case = f"{name} {n}x{k} M={m}"
-                for cfg in matvec_configs(qtype, m, n, k, sms):
+                for cfg in matvec_configs(packed, m, sms):
                     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
                     quant_matvec(x, packed, qtype, n, k, out=out, config=cfg)
                     err = (out.float() - ref).abs()

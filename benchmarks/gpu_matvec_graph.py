@@ -40,6 +40,7 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
 
+from strata.kernels.matvec_tiles import env_tile  # noqa: E402
 from strata.kernels.quant_matmul import MatmulConfig, quant_matmul  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight  # noqa: E402
@@ -307,7 +308,10 @@ def main() -> int:
         x = torch.randn(args.m, k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.double() @ dequantize(raw, qtype, (n, k)).double().T
         # bf16 x: the planar layout's matvec runs on int8 x by default (STRATA_INT8_X), with its own tiles.
-        default = default_config(qtype, args.m, n, k, planar_int8=layout == "planar")
+        # The tile quant_matvec runs without a config (STRATA_MATVEC_PRELOAD's included).
+        planar_int8 = layout == "planar"
+        default = env_tile(default_config(qtype, args.m, n, k, planar_int8=planar_int8), weights[0], args.m,
+                           planar_int8)  # fmt: skip
         candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke, args.int8_only, args.m)
         if args.tiles:
             tiles = set(args.tiles.split(","))

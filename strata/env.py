@@ -252,15 +252,16 @@ def decode_steps() -> int:
 
 
 def short_graphs() -> int:
-    """STRATA_SHORT_GRAPHS (positions; default 2,048; 0 off): decode steps whose contexts all fit
-    in that many positions run graphs captured for that bound (a second set, one per batch size); at a
-    bound of up to STRATA_SPLIT_LEN (256) and the default short launch (`short_attention`) their
-    attention takes one split per KV head and launches no merge; longer contexts run the graphs for the
-    pool's whole length. Eager decode steps split by the same rule. Under STRATA_LIVE_SPLITS, with the
-    default short launch, the two sets give the same bits; without it, the same bits only within one
-    tile of 64 positions (see `live_splits`); a short launch of its own moves them further. Measured
-    (H100, 2026-12-05): 0.5B decode 0.967x alone and 1.099x over live splits, 7B 0.978x, with the
-    default launch; with `short_attention`'s launch of its own see there."""
+    """STRATA_SHORT_GRAPHS (positions; default 2,048; 0 off): decode steps whose contexts all fit in that many
+    positions run graphs captured for that bound (a second set, one per batch size) with an attention
+    launch of their own (`short_attention`: by default at most 16 splits of 64-position tiles in two
+    stages, counted as for the pool's whole length); longer contexts run the graphs for the pool's whole
+    length. Eager decode steps split by the same rule. With STRATA_SHORT_SPLITS, _BLOCK_T and _STAGES at 0
+    and a bound of up to STRATA_SPLIT_LEN (256), the short set's attention takes one split per KV head and
+    launches no merge; under STRATA_LIVE_SPLITS the two sets then give the same bits, without it the same
+    bits only within one tile of 64 positions (see `live_splits`). That form measured (H100, 2026-12-05):
+    0.5B decode 0.967x alone and 1.099x over live splits, 7B 0.978x; the default launch's figures are
+    `short_attention`'s."""
     return _integer("STRATA_SHORT_GRAPHS", 2048, 0)
 
 

@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 from strata.kernels import quant_matvec as qm  # noqa: E402
+from strata.kernels.matvec_tiles import preload_tile  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
 from tests.test_kernels_quant_matvec import DEVICE, T, check, random_weight  # noqa: E402
@@ -97,6 +98,33 @@ def test_preload_reaches_the_kernel(qtype: T, monkeypatch: pytest.MonkeyPatch):
 
 
 @TYPES
+def test_env_levels_reach_the_kernel(qtype: T, monkeypatch: pytest.MonkeyPatch):
+    # A launch without a config: STRATA_MATVEC_PRELOAD=0 runs default_config's tile as it is, 1 the
+    # one-step tile preloaded, matched (the default) the same with matched loads.
+    seen: list[tuple[int, bool, bool]] = []
+    kernel, unit = qm._KERNELS[qtype]
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((kwargs["BLOCK_K"], kwargs.get("PRELOAD", False), kwargs.get("MATCHED", False)))
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setitem(qm._KERNELS, qtype, (Recorder(), unit))
+    packed = weight(qtype, 21, 28 * 32)
+    x = torch.randn(1, 28 * 32, device=DEVICE)
+    for level in ("0", "1", "matched"):
+        monkeypatch.setenv("STRATA_MATVEC_PRELOAD", level)
+        quant_matvec(x, packed, qtype, 21, 28 * 32)
+    monkeypatch.delenv("STRATA_MATVEC_PRELOAD")
+    quant_matvec(x, packed, qtype, 21, 28 * 32)
+    plain = qm.default_config(qtype, 1, 21, 28 * 32).block_k
+    assert seen == [(plain, False, False), (1024, True, False), (1024, True, True), (1024, True, True)]
+
+
+@TYPES
 def test_preload_refuses_what_it_does_not_implement(qtype: T):
     n, k = 21, 8 * 32
     packed = weight(qtype, n, k)
@@ -128,13 +156,13 @@ def test_env_preload_takes_k_in_one_step(qtype: T, monkeypatch: pytest.MonkeyPat
     # STRATA_MATVEC_PRELOAD=1: one row of fp32 x (config left to the launcher) runs preload_tile's
     # one-step tile, within the reference's tolerance; a weight of K over 2,048 keeps the default.
     packed = weight(qtype, 21, 28 * 32)
-    tile = qm.preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed, False)
+    tile = preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed, False)
     assert (tile.block_k, tile.split_k, tile.num_warps, tile.preload) == (1024, 1, 8, True)
     wide = weight(qtype, 5, 48 * 32)  # K = 1,536: one step of 2,048, still 8 warps (registers)
-    wide_tile = qm.preload_tile(qm.default_config(qtype, 1, 5, 48 * 32), wide, False, matched=True)
+    wide_tile = preload_tile(qm.default_config(qtype, 1, 5, 48 * 32), wide, False, matched=True)
     assert (wide_tile.block_k, wide_tile.num_warps, wide_tile.matched_loads) == (2048, 8, True)
     long = weight(qtype, 5, 72 * 32)
-    assert not qm.preload_tile(qm.default_config(qtype, 1, 5, 72 * 32), long, False).preload
+    assert not preload_tile(qm.default_config(qtype, 1, 5, 72 * 32), long, False).preload
     monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "1")
     x = torch.randn(1, 28 * 32, device=DEVICE)
     assert torch.equal(
@@ -142,7 +170,7 @@ def test_env_preload_takes_k_in_one_step(qtype: T, monkeypatch: pytest.MonkeyPat
     )
     check(qtype, 1, 21, 28 * 32, torch.float32, None)  # the launcher's own choice, under the env
     matched = replace(tile, matched_loads=True)
-    assert qm.preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed, False, matched=True) == matched
+    assert preload_tile(qm.default_config(qtype, 1, 21, 28 * 32), packed, False, matched=True) == matched
     monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "matched")
     assert torch.equal(
         quant_matvec(x, packed, qtype, 21, 28 * 32),
@@ -204,10 +232,10 @@ def int8_preload_is_bitwise_the_plain_loop(qtype: T, m: int, k: int, cfg: Matvec
 def test_env_preload_on_q4k_int8_takes_one_step_tiles_only():
     one = pack_quant_weight(random_weight(T.Q4_K, 8, 1536, seed=5), T.Q4_K, 8, 1536, "planar")
     cfg = MatvecConfig(8, 2048, 1, int8_x=None, flat_acc=True, scalar_scales=True)
-    assert qm.preload_tile(cfg, one, True).preload
-    assert not qm.preload_tile(replace(cfg, block_k=512), one, True).preload  # three steps
-    assert not qm.preload_tile(cfg, one, False).preload  # fp32 x: Q4_K's planar fp32 kernel has none
-    assert not qm.preload_tile(cfg, one, True, matched=True).preload  # the default level: fp32 x only
+    assert preload_tile(cfg, one, True).preload
+    assert not preload_tile(replace(cfg, block_k=512), one, True).preload  # three steps
+    assert not preload_tile(cfg, one, False).preload  # fp32 x: Q4_K's planar fp32 kernel has none
+    assert not preload_tile(cfg, one, True, matched=True).preload  # the default level: fp32 x only
 
 
 @pytest.mark.parametrize(

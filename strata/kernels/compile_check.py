@@ -97,6 +97,14 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 out.append((f"{kernel.__name__} {name} pdl preload", kernel, preload, pointers))
                 preload = dict(preload, MATCHED=True)
                 out.append((f"{kernel.__name__} {name} pdl preload matched", kernel, preload, pointers))
+                # The default tile of the 0.5B's matvecs (8 x 1,024, 8 warps), normed, with bias and added.
+                full = dict(
+                    preload, BLOCK_N=8, BLOCK_K=1024, HAS_BIAS=True, NORMED=True, ADD=True, NUM_WARPS=8
+                )
+                norm = {**pointers, "norm_ptr": "*fp32", "eps": "fp32"}
+                out.append(
+                    (f"{kernel.__name__} {name} pdl preload matched 8x1024 normed", kernel, full, norm)
+                )
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),

@@ -4,8 +4,10 @@ A decode step is a few hundred small kernels in a row, each a few microseconds; 
 the GPU drains one grid and launches the next. Launched with PDL, a kernel may start while the one
 before it runs: its programs become resident early and wait in `await_inputs` until the previous
 kernel has finished and its writes are visible. Every kernel that is launched with `launch_args`
-calls `await_inputs(PDL)` before it reads or writes any memory, so the order of memory effects is
-exactly that of ordinary launches; only the launch and the programs' start are overlapped.
+calls `await_inputs(PDL)` (or `await_inputs_after`) before it reads or writes any memory that a
+kernel writes, so the order of those memory effects is exactly that of ordinary launches; only the
+launch, the programs' start and the reads of weights (which no kernel writes: the preloaded matvecs
+load theirs before the wait) are overlapped.
 
 The fused tensor-core matmul (batched decode) and the prefill attention are launched ordinarily:
 with the matmul under PDL the 7B's decode of 16 sequences ran 0.933x (H200, 2026-12-04).

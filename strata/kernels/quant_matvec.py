@@ -8,7 +8,7 @@ dtype; every product is accumulated in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -33,7 +33,8 @@ from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
 from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec, q6k_rows_config
 from strata.kernels.activation import gated_act
 from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x, use_asm
-from strata.kernels.matvec_checks import check_flags, program_steps
+from strata.kernels.matvec_checks import check_flags
+from strata.kernels.matvec_tiles import env_tile
 from strata.kernels.pdl import launch_args
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight, rows_planes
 from strata.kernels.rms_norm import _MAX_BLOCK, rms_norm
@@ -78,10 +79,11 @@ class MatvecConfig:
     words' layout instead of vectorized, leaving out a layout conversion per step: the same sums
     (Q4_K's default where measured faster, Q6_K's opt-in until timed). `x_per_row`
     (Q4_K's int8 kernel, not with rows_at_once) loads x's words in the words' layout, once for each row a
-    thread holds, instead of once and converted: the same sums (opt-in until timed). `matched_loads`
-    (M = 1, the fp32-x Q8_0 and Q5_0 kernels) runs `_matvec_legacy_matched`'s loop, every load in
-    one thread layout and no conversion inside it: the same products summed in another order
-    (opt-in until timed). `max_registers` caps the registers of a thread (Triton's `maxnreg`), so
+    thread holds, instead of once and converted: the same sums (opt-in until timed;
+    STRATA_X_PER_ROW). `matched_loads` (M = 1, the fp32-x Q8_0 and Q5_0 kernels) runs
+    `_matvec_legacy_matched`'s loop, every load in one thread layout and no conversion inside it: the
+    same products summed in another order (with `preload`, the default of `env_tile`).
+    `max_registers` caps the registers of a thread (Triton's `maxnreg`), so
     that more programs fit on an SM (the 8 x 2,048 Q4_K int8 tile takes 112, four programs of four
     warps; at 96, five, with no spills in its sm_90 build): the same sums (opt-in until timed).
     `paired_dm` (Q4_K's planar kernels, fp32 and int8 x) loads each super-block's d and dmin, side
@@ -91,8 +93,10 @@ class MatvecConfig:
     loads and decodes the program's weights before `await_inputs`, so that under PDL they arrive while
     the kernel before runs and only x's load lies on the step's path; in Q4_K's and Q6_K's int8
     kernels (any M and steps) it runs `prefetch`'s loop with the first step's weights loaded before
-    the wait. The same sums, bit for bit (opt-in until timed). With `matched_loads` the Q8_0 and Q5_0
-    kernels preload the matched loop's step, so x's load after the wait needs no layout conversion."""
+    the wait. The same sums as the loop without it, bit for bit. With `matched_loads` the Q8_0 and
+    Q5_0 kernels preload the matched loop's step (the matched loop's sums), so x's load after the
+    wait needs no layout conversion: the default for one row (`env_tile`, STRATA_MATVEC_PRELOAD,
+    measured 1.147x on the 0.5B's decode); the int8 preload lost (0.960x on the 1.5B)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -301,9 +305,8 @@ def quant_matvec(
         raise ValueError(
             "MatvecConfig.preload needs a weight packed once (pack_quant_weight), not raw blocks"
         )
-    preload = env.matvec_preload()
-    if config is None and m == 1 and packed is w and preload != "0":
-        cfg = preload_tile(cfg, packed, int8_x, matched=preload == "matched")
+    if config is None and packed is w:
+        cfg = env_tile(cfg, packed, m, int8_x)
     check_flags(cfg, packed, int8_x, m)
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
     if qtype == _T.Q6_K and packed.layout == "rows" and int8_x and config is not None:
@@ -353,28 +356,6 @@ def quant_matvec(
             **launch_args(x.device),
         )  # fmt: skip
     return out
-
-
-def preload_tile(
-    cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool, matched: bool = False
-) -> MatvecConfig:
-    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with fp32 x, a Q8_0 or Q5_0
-    weight of K up to 2,048 takes K in one step, preloaded (`matched`: with matched loads), where that
-    tile holds at most 8 x 2,048 weights (not an output head's 64-row tiles); with int8 x, unless
-    `matched`, Q4_K's planar and Q6_K's kernels preload where the tile takes K in one step (the 1.5B's
-    K = 1,536 at 8 x 2,048; 0.960x on the 1.5B, H100). Any other weight keeps `cfg`."""
-    if int8_x:  # (the "rows" layouts run kernels of their own, which take no MatvecConfig)
-        one_step = (w.planar or w.qtype == _T.Q6_K) and w.layout != "rows" and program_steps(cfg, w.k) <= 1
-        return replace(cfg, preload=True) if one_step and not matched else cfg
-    block_k = max(cfg.block_k, triton.next_power_of_2(w.k))
-    # At most 8 x 2,048 weights a program: a thread holds them all, decoded, across the wait.
-    if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.k > 2048 or cfg.block_n * block_k > 8 * 2048:
-        return cfg
-    # 8 warps: the measured best at K = 896 (8 x 1,024); at 8 x 2,048 a thread of 4 warps would hold
-    # 128 decoded weights (168 registers in the sm_90 build of Q5_0's, 105 at 8 warps).
-    return replace(
-        cfg, block_k=block_k, split_k=1, num_warps=8, preload=True, matched_loads=matched, flat_acc=False
-    )
 
 
 def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:

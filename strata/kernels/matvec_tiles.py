@@ -1,0 +1,51 @@
+"""The tile a one-row decode matvec runs when its caller names none, beyond `default_config`'s:
+STRATA_MATVEC_PRELOAD's one-step tiles whose weights are loaded before the PDL wait
+(`MatvecConfig.preload`, with `matched_loads` by default)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import triton
+from gguf.constants import GGMLQuantizationType
+
+from strata import env
+from strata.kernels.matvec_checks import program_steps
+
+if TYPE_CHECKING:
+    from strata.kernels.quant_matvec import MatvecConfig
+    from strata.kernels.quant_pack import PackedQuantWeight
+
+_T = GGMLQuantizationType
+
+
+def env_tile(cfg: MatvecConfig, w: PackedQuantWeight, m: int, int8_x: bool) -> MatvecConfig:
+    """The tile a launch without a config runs for `m` rows of x by `w` (packed once), from
+    `default_config`'s `cfg`: STRATA_MATVEC_PRELOAD's `preload_tile` for one row."""
+    preload = env.matvec_preload()
+    if m != 1 or preload == "0":
+        return cfg
+    return preload_tile(cfg, w, int8_x, matched=preload == "matched")
+
+
+def preload_tile(
+    cfg: MatvecConfig, w: PackedQuantWeight, int8_x: bool, matched: bool = False
+) -> MatvecConfig:
+    """`cfg` as STRATA_MATVEC_PRELOAD runs it for one row of x by `w`: with fp32 x, a Q8_0 or Q5_0
+    weight of K up to 2,048 takes K in one step, preloaded (`matched`: with matched loads), where that
+    tile holds at most 8 x 2,048 weights (not an output head's 64-row tiles); with int8 x, unless
+    `matched`, Q4_K's planar and Q6_K's kernels preload where the tile takes K in one step (the 1.5B's
+    K = 1,536 at 8 x 2,048; 0.960x on the 1.5B, H100). Any other weight keeps `cfg`."""
+    if int8_x:  # (the "rows" layouts run kernels of their own, which take no MatvecConfig)
+        one_step = (w.planar or w.qtype == _T.Q6_K) and w.layout != "rows" and program_steps(cfg, w.k) <= 1
+        return replace(cfg, preload=True) if one_step and not matched else cfg
+    block_k = max(cfg.block_k, triton.next_power_of_2(w.k))
+    # At most 8 x 2,048 weights a program: a thread holds them all, decoded, across the wait.
+    if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.k > 2048 or cfg.block_n * block_k > 8 * 2048:
+        return cfg
+    # 8 warps: the measured best at K = 896 (8 x 1,024); at 8 x 2,048 a thread of 4 warps would hold
+    # 128 decoded weights (168 registers in the sm_90 build of Q5_0's, 105 at 8 warps).
+    return replace(
+        cfg, block_k=block_k, split_k=1, num_warps=8, preload=True, matched_loads=matched, flat_acc=False
+    )
