@@ -32,3 +32,27 @@ def test_kernels_compile_for_sm90(tmp_path):
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert len([x for x in lines if x.startswith("ok ")]) >= 20 and not any("FAILED" in x for x in lines)
+
+
+def test_sass_after_wait_reads_the_wait(tmp_path):
+    # benchmarks/sass_after_wait.py: a preloaded matvec has work before its wait, a plain one none.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sass_after_wait.py")
+    done = subprocess.run(
+        [sys.executable, script, "--match", "q5_0_matvec_kernel M=1 split=1 pdl p"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in done.stdout.splitlines()[2:]}
+    before = {name: int(cells[0]) for name, cells in rows.items()}
+    assert before["q5_0_matvec_kernel M=1 split=1 pdl prefetch"] < 100  # prefetch requests only
+    assert before["q5_0_matvec_kernel M=1 split=1 pdl preload"] > 300  # the loads and decode
+    barriers = {name: int(cells[3]) for name, cells in rows.items()}
+    assert (
+        barriers["q5_0_matvec_kernel M=1 split=1 pdl preload matched"]
+        < barriers["q5_0_matvec_kernel M=1 split=1 pdl preload"]
+    )
