@@ -192,6 +192,15 @@ def rope_in_attention() -> bool:
     return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
 
 
+def attention_prefetch() -> bool:
+    """STRATA_ATTENTION_PREFETCH=1 (opt-in until timed): under PDL level 2, each paged decode attention
+    split asks L2 for its first tile's K and V rows before it waits for the kernel before it, as the
+    fp32-x matvecs do for their weights; the loop then reads them from L2 instead of HBM. The same
+    bits (a prefetch loads nothing into registers). In the sm_90 build the split kernel loads nothing
+    before its wait and 28 times after it (benchmarks/sass_after_wait.py)."""
+    return _level("STRATA_ATTENTION_PREFETCH", "0", ("0", "1")) == "1"
+
+
 def dense_copy() -> str:
     """STRATA_DENSE_COPY (default auto; 0 or 1 for never or always): on the GPU kernel path each quantized
     weight of fewer than 16,384 outputs (the 7B's q, k, v, o and down; wider ones as `dense_wide` says)

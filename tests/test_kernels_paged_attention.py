@@ -267,3 +267,33 @@ def test_split_env(monkeypatch):
     monkeypatch.setenv("STRATA_MAX_SPLITS", "0")
     with pytest.raises(ValueError, match="STRATA_MAX_SPLITS='0' must be an integer from 1 to 1024; unset it"):
         env.decode_splits()
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_prefetch_kv_gives_the_same_bits(monkeypatch, window):
+    # STRATA_ATTENTION_PREFETCH=1: each split computes its first tile's slots before the wait (in
+    # the interpreter and without PDL 2 no prefetch is issued, but the slot arithmetic runs: it must
+    # stay within the tables, for splits past the context too) and the outputs are the same bits.
+    import strata.kernels.paged_attention as pa
+
+    seen: list[bool] = []
+    kernel = pa._split_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["PREFETCH_KV"])
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(pa, "_split_kernel", Recorder())
+    args = small_case([1, 17, 130], seed=8)
+    run = functools.partial(
+        paged_decode_attention, *args, block_size=16, num_splits=8, block_t=16, window=window
+    )
+    monkeypatch.delenv("STRATA_ATTENTION_PREFETCH", raising=False)
+    plain = run()
+    monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", "1")
+    assert torch.equal(run(), plain)
+    assert seen == [False, True]

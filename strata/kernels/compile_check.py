@@ -233,6 +233,9 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
     rope.update(slot_mapping_ptr="*i64", rope_scale="fp32")
     consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=False, ROPE=True, ROPE_DIM=64)
     out.append(("attention split rope", _split_kernel, consts, {**pointers, **rope}))
+    # PREFETCH_KV under PDL 2: main() checks the L2 prefetches precede the wait.
+    consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=True, PREFETCH_KV=True, PDL=2)
+    out.append(("attention split prefetch_kv", _split_kernel, consts, pointers))
     out.append(("attention merge", _merge_kernel, dict(heads, S_PAD=64, HAS_WINDOW=True), pointers))
     out.append(
         ("attention merge in chunks", _merge_kernel, dict(heads, S_PAD=256, HAS_WINDOW=True), pointers)

@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels.pdl import await_inputs, launch_args
+from strata import env
+from strata.kernels.pdl import await_inputs, launch_args, prefetch_weights
 from strata.kernels.rotary_kv import NewKV, rope_channels, rope_cos_sin, rope_rotate
 
 _LOG2E = 1.4426950408889634
@@ -61,9 +62,14 @@ def _split_kernel(
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr, ROPE: tl.constexpr = False, ROPE_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH_KV: tl.constexpr = False,
 ):  # fmt: skip
-    """ROPE: q and the new token's k come unrotated; see `paged_decode_attention`'s `new_kv`."""
+    """ROPE: q and the new token's k come unrotated; see `paged_decode_attention`'s `new_kv`.
+    PREFETCH_KV (PDL 2): the first tile's K and V rows asked of L2 before the wait (`_prefetch_kv`)."""
+    if PREFETCH_KV:
+        _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block_size, num_splits,
+                     min_split_len, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
+                     D, D_PAD, BLOCK_T, HAS_WINDOW, PDL)  # fmt: skip
     await_inputs(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -80,6 +86,27 @@ def _split_kernel(
             NUM_HEADS, G, G_PAD, D, D_PAD, BLOCK_T, ONE_SPLIT, PRECISION, DOT_F32,
             ROPE, ROPE_DIM, INTERLEAVED,
         )  # fmt: skip
+
+
+@triton.jit
+def _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block_size, num_splits,
+                 min_split_len, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
+                 D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 PDL: tl.constexpr):  # fmt: skip
+    """Before the wait: L2 prefetches of this split's first tile of K and V rows (`_split_chunk`'s
+    chunking). Context lengths and block tables are copied in before a decode graph's replay, never
+    written by its kernels, so they can be read here; the new token's slot, which this step writes, may
+    be among the rows, which is harmless: the write goes to L2 too, and a prefetch fills no register."""
+    b = tl.program_id(0)
+    ctx = tl.load(context_lens_ptr + b)
+    lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
+    start = lo + tl.program_id(2) * tl.cdiv(tl.cdiv(ctx - lo, live), BLOCK_T) * BLOCK_T
+    pos = tl.minimum(start + tl.arange(0, BLOCK_T), tl.maximum(ctx - 1, 0))  # valid slots only
+    blk = tl.load(block_tables_ptr + b * stride_bt + pos // block_size)
+    slot = blk.to(tl.int64) * block_size + pos % block_size
+    kvh = tl.program_id(1)
+    prefetch_weights(k_ptr + kvh * stride_kh, slot, stride_ks, 0, D, D_PAD // 2, PDL)
+    prefetch_weights(v_ptr + kvh * stride_vh, slot, stride_vs, 0, D, D_PAD // 2, PDL)
 
 
 @triton.jit
@@ -438,7 +465,7 @@ def paged_decode_attention(
         nk.k.stride(0), nk.k.stride(1), nk.v.stride(0), nk.v.stride(1),
         NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
         ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
-        **rope,
+        PREFETCH_KV=env.attention_prefetch(), **rope,
         num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),
         **launch_args(q.device),

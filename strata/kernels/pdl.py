@@ -6,8 +6,9 @@ before it runs: its programs become resident early and wait in `await_inputs` un
 kernel has finished and its writes are visible. Every kernel that is launched with `launch_args`
 calls `await_inputs(PDL)` (or `await_inputs_after`) before it reads or writes any memory that a
 kernel writes, so the order of those memory effects is exactly that of ordinary launches; only the
-launch, the programs' start and the reads of weights (which no kernel writes: the preloaded matvecs
-load theirs before the wait) are overlapped.
+launch, the programs' start and the reads of what no kernel writes are overlapped: the preloaded
+matvecs' weights and, under STRATA_ATTENTION_PREFETCH, decode attention's context lengths and block
+tables (copied in before a graph's replay), from which it asks L2 for its first K/V tile.
 
 The fused tensor-core matmul (batched decode) and the prefill attention are launched ordinarily:
 with the matmul under PDL the 7B's decode of 16 sequences ran 0.933x (H200, 2026-12-04).
