@@ -275,19 +275,10 @@ def test_prefetch_kv_gives_the_same_bits(monkeypatch, window):
     # the interpreter and without PDL 2 no prefetch is issued, but the slot arithmetic runs: it must
     # stay within the tables, for splits past the context too) and the outputs are the same bits.
     import strata.kernels.paged_attention as pa
+    from tests.launch_recorder import LaunchRecorder
 
-    seen: list[bool] = []
-    kernel = pa._split_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs["PREFETCH_KV"])
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(pa, "_split_kernel", Recorder())
+    recorder = LaunchRecorder(pa._split_kernel)
+    monkeypatch.setattr(pa, "_split_kernel", recorder)
     args = small_case([1, 17, 130], seed=8)
     run = functools.partial(
         paged_decode_attention, *args, block_size=16, num_splits=8, block_t=16, window=window
@@ -296,4 +287,4 @@ def test_prefetch_kv_gives_the_same_bits(monkeypatch, window):
     plain = run()
     monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", "1")
     assert torch.equal(run(), plain)
-    assert seen == [False, True]
+    assert [launch["PREFETCH_KV"] for launch in recorder.launches] == [False, True]

@@ -21,6 +21,7 @@ from strata.kernels import quant_matvec as qm  # noqa: E402
 from strata.kernels.matvec_tiles import preload_tile  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
+from tests.launch_recorder import LaunchRecorder  # noqa: E402
 from tests.test_kernels_quant_matvec import DEVICE, T, check, random_weight  # noqa: E402
 
 TYPES = pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0], ids=lambda t: t.name)
@@ -73,24 +74,15 @@ def test_preload_matches_reference(qtype: T, matched: bool):
 @TYPES
 def test_preload_reaches_the_kernel(qtype: T, monkeypatch: pytest.MonkeyPatch):
     # Bitwise equality alone would also pass if the launcher dropped the flag.
-    seen: list[dict] = []
     kernel, unit = qm._KERNELS[qtype]
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs)
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setitem(qm._KERNELS, qtype, (Recorder(), unit))
+    recorder = LaunchRecorder(kernel)
+    monkeypatch.setitem(qm._KERNELS, qtype, (recorder, unit))
     packed = weight(qtype, 21, 256)
     x = torch.randn(1, 256, device=DEVICE)
     preload = MatvecConfig(8, 256, preload=True)
     for cfg in (preload, MatvecConfig(8, 256), replace(preload, matched_loads=True)):
         quant_matvec(x, packed, qtype, 21, 256, config=cfg)
-    assert [(s.get("PRELOAD", False), s.get("MATCHED", False)) for s in seen] == [
+    assert [(s.get("PRELOAD", False), s.get("MATCHED", False)) for s in recorder.launches] == [
         (True, False),
         (False, False),
         (True, True),
@@ -101,18 +93,9 @@ def test_preload_reaches_the_kernel(qtype: T, monkeypatch: pytest.MonkeyPatch):
 def test_env_levels_reach_the_kernel(qtype: T, monkeypatch: pytest.MonkeyPatch):
     # A launch without a config: STRATA_MATVEC_PRELOAD=0 runs default_config's tile as it is, 1 the
     # one-step tile preloaded, matched (the default) the same with matched loads.
-    seen: list[tuple[int, bool, bool]] = []
     kernel, unit = qm._KERNELS[qtype]
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append((kwargs["BLOCK_K"], kwargs.get("PRELOAD", False), kwargs.get("MATCHED", False)))
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setitem(qm._KERNELS, qtype, (Recorder(), unit))
+    recorder = LaunchRecorder(kernel)
+    monkeypatch.setitem(qm._KERNELS, qtype, (recorder, unit))
     packed = weight(qtype, 21, 28 * 32)
     x = torch.randn(1, 28 * 32, device=DEVICE)
     for level in ("0", "1", "matched"):
@@ -121,6 +104,7 @@ def test_env_levels_reach_the_kernel(qtype: T, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("STRATA_MATVEC_PRELOAD")
     quant_matvec(x, packed, qtype, 21, 28 * 32)
     plain = qm.default_config(qtype, 1, 21, 28 * 32).block_k
+    seen = [(s["BLOCK_K"], s.get("PRELOAD", False), s.get("MATCHED", False)) for s in recorder.launches]
     assert seen == [(plain, False, False), (1024, True, False), (1024, True, True), (1024, True, True)]
 
 
@@ -243,18 +227,8 @@ def test_env_preload_on_q4k_int8_takes_one_step_tiles_only():
 )
 def test_int8_preload_reaches_the_kernel(qtype: T, name: str, monkeypatch: pytest.MonkeyPatch):
     # The int8 kernels' preload gives the plain loop's bits, so only a record shows it was launched.
-    seen: list[bool] = []
-    kernel = getattr(qm, name)
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs["PRELOAD"])
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(qm, name, Recorder())
+    recorder = LaunchRecorder(getattr(qm, name))
+    monkeypatch.setattr(qm, name, recorder)
     packed = pack_quant_weight(
         random_weight(qtype, 21, 256, seed=9).to(DEVICE), qtype, 21, 256, "planar", q6k_layout="blocks"
     )
@@ -265,4 +239,4 @@ def test_int8_preload_reaches_the_kernel(qtype: T, name: str, monkeypatch: pytes
     monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "1")
     monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")
     quant_matvec(x, packed, qtype, 21, 256)  # the default tile takes K = 256 in one step
-    assert seen == [True, False, True]
+    assert [s["PRELOAD"] for s in recorder.launches] == [True, False, True]
