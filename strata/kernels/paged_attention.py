@@ -52,6 +52,15 @@ def _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW: tl.constexp
 
 
 @triton.jit
+def _chunk_range(ctx, lo, live, split, BLOCK_T: tl.constexpr):
+    """Positions [start, end) of split `split` of the `live` ones over lo..ctx. Chunks are whole tiles
+    so that only a chunk's last tile is partial."""
+    chunk = tl.cdiv(tl.cdiv(ctx - lo, live), BLOCK_T) * BLOCK_T
+    start = lo + split * chunk
+    return start, tl.minimum(start + chunk, ctx)
+
+
+@triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
@@ -93,14 +102,14 @@ def _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block
                  min_split_len, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
                  D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, HAS_WINDOW: tl.constexpr,
                  PDL: tl.constexpr):  # fmt: skip
-    """Before the wait: L2 prefetches of this split's first tile of K and V rows (`_split_chunk`'s
-    chunking). Context lengths and block tables are copied in before a decode graph's replay, never
-    written by its kernels, so they can be read here; the new token's slot, which this step writes, may
-    be among the rows, which is harmless: the write goes to L2 too, and a prefetch fills no register."""
+    """Before the wait: L2 prefetches of this split's first tile of K and V rows (`_chunk_range`).
+    Context lengths and block tables are copied in before a decode graph's replay, never written by
+    its kernels, so they can be read here; the new token's slot, which this step writes, may be among
+    the rows, which is harmless: the write goes to L2 too, and a prefetch fills no register."""
     b = tl.program_id(0)
     ctx = tl.load(context_lens_ptr + b)
     lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
-    start = lo + tl.program_id(2) * tl.cdiv(tl.cdiv(ctx - lo, live), BLOCK_T) * BLOCK_T
+    start, _ = _chunk_range(ctx, lo, live, tl.program_id(2), BLOCK_T)
     pos = tl.minimum(start + tl.arange(0, BLOCK_T), tl.maximum(ctx - 1, 0))  # valid slots only
     blk = tl.load(block_tables_ptr + b * stride_bt + pos // block_size)
     slot = blk.to(tl.int64) * block_size + pos % block_size
@@ -123,10 +132,7 @@ def _split_chunk(
     """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
     one, else its partial. With ROPE, the chunk holding the new token (position ctx - 1) first writes
     that token's rotated K and its V to the cache; the other chunks never read its slot."""
-    # Chunks are whole tiles so that only a chunk's last tile is partial.
-    chunk = tl.cdiv(tl.cdiv(ctx - lo, live), BLOCK_T) * BLOCK_T
-    start = lo + split * chunk
-    end = tl.minimum(start + chunk, ctx)
+    start, end = _chunk_range(ctx, lo, live, split, BLOCK_T)
 
     ig = tl.arange(0, G_PAD)
     idim = tl.arange(0, D_PAD)
