@@ -25,25 +25,21 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter's jit functions cannot be compiled", file=sys.stderr)
         return 2
-    from strata.kernels.compile_check import _sass, compile_for_sm90, variants
+    from strata.kernels.compile_check import at_wait, compile_variant, variants
 
     print("| variant | before wait | after wait | LDG after | BAR.SYNC after | STS+STSM after | SHFL after |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, fn, constexprs, pointers in variants():
         if args.match and not any(m in name for m in args.match):
             continue
-        consts = {k: v for k, v in constexprs.items() if k != "NUM_WARPS"}
-        kernel = compile_for_sm90(fn, consts, pointers, constexprs.get("NUM_WARPS", 4))
-        lines = [line for line in _sass(kernel.asm["cubin"]) or [] if "*/" in line and ";" in line]
-        wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), 0)
-        after = lines[wait:]
+        before, after = at_wait(compile_variant(fn, constexprs, pointers).asm["cubin"]) or ([], [])
 
         def count(*ops: str) -> int:
             return sum(any(op in line for op in ops) for line in after)  # noqa: B023 - used at once
 
         stores = count(" STS ", " STS.", "STSM")
         print(
-            f"| {name} | {wait} | {len(after)} | {count('LDG')} | {count('BAR.SYNC')} | {stores} "
+            f"| {name} | {len(before)} | {len(after)} | {count('LDG')} | {count('BAR.SYNC')} | {stores} "
             f"| {count('SHFL')} |",
             flush=True,
         )

@@ -378,15 +378,30 @@ def check_pdl(ptx: str, level: int, preload: bool = False) -> None:
         raise AssertionError("PRELOAD but the PTX has no global load before its wait")
 
 
-def decodes_after_wait(cubin: bytes) -> int | None:
-    """The `exact_float` decodes (FADD of -(2**23 + bias)) after the SASS's first grid dependency wait
-    (ACQBULK), from Triton's bundled nvdisasm (None without it): a preloaded fp32-x matvec must have
-    none, `await_inputs_after` keeping ptxas from moving them past the wait."""
+def at_wait(cubin: bytes) -> tuple[list[str], list[str]] | None:
+    """The SASS's instructions before and after its first grid dependency wait (ACQBULK; a kernel
+    without one: all after), from Triton's bundled nvdisasm (None without it)."""
     lines = _sass(cubin)
     if lines is None:
         return None
-    wait = next((i for i, line in enumerate(lines) if "ACQBULK" in line), len(lines))
-    return sum("FADD" in line and "-8388" in line for line in lines[wait:])
+    code = [line for line in lines if "*/" in line and ";" in line]
+    wait = next((i for i, line in enumerate(code) if "ACQBULK" in line), 0)
+    return code[:wait], code[wait:]
+
+
+def decodes_after_wait(cubin: bytes) -> int | None:
+    """The `exact_float` decodes (FADD of -(2**23 + bias)) after the first wait (`at_wait`; None
+    without nvdisasm): a preloaded fp32-x matvec must have none, `await_inputs_after` keeping ptxas
+    from moving them past the wait."""
+    split = at_wait(cubin)
+    return None if split is None else sum("FADD" in line and "-8388" in line for line in split[1])
+
+
+def compile_variant(fn: Any, constexprs: dict[str, Any], pointers: dict[str, str]) -> Any:
+    """A variant of `variants()` compiled as main() does: NUM_WARPS among its constexprs is the
+    launch's warp count, not a kernel parameter."""
+    consts = {k: v for k, v in constexprs.items() if k != "NUM_WARPS"}
+    return compile_for_sm90(fn, consts, pointers, constexprs.get("NUM_WARPS", 4))
 
 
 # Variants whose name starts so must compile without a barrier in a loop (the row-interleaved matvecs
@@ -401,8 +416,7 @@ def main() -> int:
     failed = 0
     for name, fn, constexprs, pointers in variants():
         try:
-            consts = {k: v for k, v in constexprs.items() if k != "NUM_WARPS"}
-            kernel = compile_for_sm90(fn, consts, pointers, constexprs.get("NUM_WARPS", 4))
+            kernel = compile_variant(fn, constexprs, pointers)
             check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0), constexprs.get("PRELOAD", False))
             converts, bars = converts_in_loops(kernel.asm["ttgir"]), barriers_in_loops(kernel.asm["cubin"])
             if constexprs.get("PRELOAD") and name.startswith(("q8_0_matvec_kernel", "q5_0_matvec_kernel")):
