@@ -192,13 +192,15 @@ def rope_in_attention() -> bool:
     return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
 
 
-def attention_prefetch() -> bool:
-    """STRATA_ATTENTION_PREFETCH=1 (opt-in until timed): under PDL level 2, each paged decode attention
-    split asks L2 for its first tile's K and V rows before it waits for the kernel before it, as the
-    fp32-x matvecs do for their weights; the loop then reads them from L2 instead of HBM. The same
-    bits (a prefetch loads nothing into registers). In the sm_90 build the split kernel loads nothing
-    before its wait and 28 times after it (benchmarks/sass_after_wait.py)."""
-    return _level("STRATA_ATTENTION_PREFETCH", "0", ("0", "1")) == "1"
+def attention_prefetch() -> int:
+    """STRATA_ATTENTION_PREFETCH (opt-in until timed; the kernels' PREFETCH_KV level): 1, under PDL level
+    2, each paged decode attention split asks L2 for its first tile's K and V rows before it waits for
+    the kernel before it, as the fp32-x matvecs do for their weights; the loop then reads them from L2
+    instead of HBM. tile (2): each split loads its first tile's K and V into registers before the wait,
+    as the preloaded matvecs do their weights, all but the new token's row (written by the step, so
+    loaded after the wait). The same bits either way. In the sm_90 build the split kernel loads
+    nothing before its wait by default and 28 times after it (benchmarks/sass_after_wait.py)."""
+    return {"0": 0, "1": 1, "tile": 2}[_level("STRATA_ATTENTION_PREFETCH", "0", ("0", "1", "tile"))]
 
 
 def dense_copy() -> str:

@@ -19,7 +19,6 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_NORM_IN_MATVEC", env.norm_in_matvec, False),
     ("STRATA_WIDEN_TO_STACK", env.widen_to_stack, False),
     ("STRATA_X_PER_ROW", env.x_per_row, False),
-    ("STRATA_ATTENTION_PREFETCH", env.attention_prefetch, False),
 ]
 
 

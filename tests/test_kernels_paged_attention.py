@@ -270,21 +270,34 @@ def test_split_env(monkeypatch):
 
 
 @pytest.mark.parametrize("window", [None, 40])
-def test_prefetch_kv_gives_the_same_bits(monkeypatch, window):
+@pytest.mark.parametrize("level,kernel_level", [("1", 1), ("tile", 2)])
+def test_prefetch_kv_gives_the_same_bits(monkeypatch, window, level, kernel_level):
     # STRATA_ATTENTION_PREFETCH=1: each split computes its first tile's slots before the wait (in
     # the interpreter and without PDL 2 no prefetch is issued, but the slot arithmetic runs: it must
-    # stay within the tables, for splits past the context too) and the outputs are the same bits.
+    # stay within the tables, for splits past the context too); tile: it loads that tile's K and V
+    # (all but the new token's row, loaded after the wait) and runs its loop from the second tile.
+    # Either way the outputs are the same bits. Chunks of one to several 16-position tiles.
     import strata.kernels.paged_attention as pa
     from tests.launch_recorder import LaunchRecorder
 
     recorder = LaunchRecorder(pa._split_kernel)
     monkeypatch.setattr(pa, "_split_kernel", recorder)
     args = small_case([1, 17, 130], seed=8)
-    run = functools.partial(
-        paged_decode_attention, *args, block_size=16, num_splits=8, block_t=16, window=window
-    )
-    monkeypatch.delenv("STRATA_ATTENTION_PREFETCH", raising=False)
-    plain = run()
-    monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", "1")
-    assert torch.equal(run(), plain)
-    assert [launch["PREFETCH_KV"] for launch in recorder.launches] == [False, True]
+    for num_splits in (8, 2):
+        run = functools.partial(
+            paged_decode_attention, *args, block_size=16, num_splits=num_splits, block_t=16, window=window
+        )
+        monkeypatch.delenv("STRATA_ATTENTION_PREFETCH", raising=False)
+        plain = run()
+        monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", level)
+        assert torch.equal(run(), plain)
+    assert [launch["PREFETCH_KV"] for launch in recorder.launches] == [0, kernel_level] * 2
+
+
+def test_prefetch_level_is_checked(monkeypatch):
+    from strata import env
+
+    monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", "2")
+    message = "STRATA_ATTENTION_PREFETCH='2' must be 0, 1 or tile; unset it for 0"
+    with pytest.raises(ValueError, match=message):
+        env.attention_prefetch()

@@ -217,7 +217,8 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
     """Paged decode attention at the 0.5B's heads (14 query heads over 2 KV heads of 64): the split
     kernel with one split and with partials, with a window, with the rotary embedding, and the merge
     of up to 64 splits and of more."""
-    from strata.kernels.paged_attention import _merge_kernel, _split_kernel
+    from strata.kernels._paged_attention_merge import _merge_kernel
+    from strata.kernels.paged_attention import _split_kernel
 
     floats = {f"part_{n}_ptr": "*fp32" for n in ("m", "l", "acc")}
     pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", **floats}
@@ -236,6 +237,9 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
     # PREFETCH_KV under PDL 2: main() checks the L2 prefetches precede the wait.
     consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=True, PREFETCH_KV=True, PDL=2)
     out.append(("attention split prefetch_kv", _split_kernel, consts, pointers))
+    # PREFETCH_KV 2: main() checks the first tile's K/V loads precede the wait.
+    consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=False, PREFETCH_KV=2)
+    out.append(("attention split prefetch_kv=tile", _split_kernel, consts, pointers))
     out.append(("attention merge", _merge_kernel, dict(heads, S_PAD=64, HAS_WINDOW=True), pointers))
     out.append(
         ("attention merge in chunks", _merge_kernel, dict(heads, S_PAD=256, HAS_WINDOW=True), pointers)
@@ -368,7 +372,7 @@ def _sass(cubin: bytes) -> list[str] | None:
 
 def check_pdl(ptx: str, level: int, preload: bool = False) -> None:
     """PDL 1 or 2: the PTX waits for the previous kernel; 2: it asks L2 for weights before that wait;
-    `preload` (MatvecConfig.preload): it loads from global memory (the weights) before that wait."""
+    `preload` (`preloads`): it loads from global memory before that wait."""
     wait = ptx.find("griddepcontrol.wait")
     if level and wait < 0:
         raise AssertionError(f"PDL={level} but the PTX has no griddepcontrol.wait")
@@ -376,6 +380,12 @@ def check_pdl(ptx: str, level: int, preload: bool = False) -> None:
         raise AssertionError("PDL=2 but the PTX has no prefetch.global.L2 before its wait")
     if preload and not 0 <= ptx.find("ld.global") < wait:
         raise AssertionError("PRELOAD but the PTX has no global load before its wait")
+
+
+def preloads(constexprs: dict[str, Any]) -> bool:
+    """Whether a variant loads from global memory before its wait: a preloaded matvec (its weights)
+    or an attention split with PREFETCH_KV 2 (its first K/V tile)."""
+    return bool(constexprs.get("PRELOAD", False)) or constexprs.get("PREFETCH_KV") == 2
 
 
 def at_wait(cubin: bytes) -> tuple[list[str], list[str]] | None:
@@ -417,7 +427,7 @@ def main() -> int:
     for name, fn, constexprs, pointers in variants():
         try:
             kernel = compile_variant(fn, constexprs, pointers)
-            check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0), constexprs.get("PRELOAD", False))
+            check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0), preloads(constexprs))
             converts, bars = converts_in_loops(kernel.asm["ttgir"]), barriers_in_loops(kernel.asm["cubin"])
             if constexprs.get("PRELOAD") and name.startswith(("q8_0_matvec_kernel", "q5_0_matvec_kernel")):
                 late = decodes_after_wait(kernel.asm["cubin"])

@@ -33,22 +33,13 @@ import triton
 import triton.language as tl
 
 from strata import env
+from strata.kernels._paged_attention_merge import _live_splits, _merge_kernel
 from strata.kernels.pdl import await_inputs, launch_args, prefetch_weights
 from strata.kernels.rotary_kv import NewKV, rope_channels, rope_cos_sin, rope_rotate
 
 _LOG2E = 1.4426950408889634
 # Below this many positions a split's merge costs more than the parallelism gains.
 MIN_SPLIT_LEN = 256
-
-
-@triton.jit
-def _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW: tl.constexpr):
-    """(lo, n): the context's first attended position and how many of the `num_splits` splits it
-    uses: cdiv(positions, min_split_len), at least one (the chunks, whole tiles, may be shorter)."""
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(ctx - window, 0)
-    return lo, tl.minimum(num_splits, tl.maximum(tl.cdiv(ctx - lo, min_split_len), 1))
 
 
 @triton.jit
@@ -71,30 +62,75 @@ def _split_kernel(
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr, ROPE: tl.constexpr = False, ROPE_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
-    PDL: tl.constexpr = False, PREFETCH_KV: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH_KV: tl.constexpr = 0,
 ):  # fmt: skip
     """ROPE: q and the new token's k come unrotated; see `paged_decode_attention`'s `new_kv`.
-    PREFETCH_KV (PDL 2): the first tile's K and V rows asked of L2 before the wait (`_prefetch_kv`)."""
-    if PREFETCH_KV:
-        _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block_size, num_splits,
-                     min_split_len, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
-                     D, D_PAD, BLOCK_T, HAS_WINDOW, PDL)  # fmt: skip
-    await_inputs(PDL)
+    PREFETCH_KV 1 (under PDL 2): the first tile's K and V rows asked of L2 before the wait
+    (`_prefetch_kv`); 2: loaded into registers before the wait (`_first_tile`), all but the new
+    token's row, which the step writes, loaded after it (by the split that holds it)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(context_lens_ptr + b)
-    lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
+    if PREFETCH_KV == 2:
+        ctx = tl.load(context_lens_ptr + b)
+        lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
+        slot0, k0, v0 = _first_tile(
+            k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, block_size,
+            stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, D, D_PAD, BLOCK_T,
+        )  # fmt: skip
+        await_inputs(PDL)
+    else:
+        if PREFETCH_KV == 1:
+            _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block_size, num_splits,
+                         min_split_len, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
+                         D, D_PAD, BLOCK_T, HAS_WINDOW, PDL)  # fmt: skip
+        await_inputs(PDL)
+        ctx = tl.load(context_lens_ptr + b)
+        lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
+        slot0, k0, v0 = 0, 0, 0  # unused: the chunk loads its first tile in its loop
     if split < live:
         _split_chunk(
             q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
             k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
-            qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live,
+            qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live, slot0, k0, v0,
             stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
             stride_knb, stride_knh, stride_vnb, stride_vnh,
             NUM_HEADS, G, G_PAD, D, D_PAD, BLOCK_T, ONE_SPLIT, PRECISION, DOT_F32,
-            ROPE, ROPE_DIM, INTERLEAVED,
+            ROPE, ROPE_DIM, INTERLEAVED, PREFETCH_KV == 2,
         )  # fmt: skip
+
+
+@triton.jit
+def _first_tile(k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, block_size,
+                stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
+                D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+    """(slots, K, V) of the first tile of split `split`'s chunk, K and V (BLOCK_T, D_PAD) rows of the
+    positions before the new token's (ctx - 1) only, zeros elsewhere: before the wait, those were
+    written by earlier steps, the new token's by this one (after the wait: see `_split_chunk`). Context
+    lengths and block tables are copied in before a decode graph's replay, never written by its
+    kernels, so they can be read before the wait too."""
+    start, end = _chunk_range(ctx, lo, live, split, BLOCK_T)
+    pos = start + tl.arange(0, BLOCK_T)
+    slot = _tile_slots(block_tables_ptr, b, pos, pos < end, block_size, stride_bt)
+    old = (pos < end) & (pos < ctx - 1)
+    idim = tl.arange(0, D_PAD)
+    k = _tile_rows(k_ptr + kvh * stride_kh, slot, stride_ks, old, idim, D)
+    return slot, k, _tile_rows(v_ptr + kvh * stride_vh, slot, stride_vs, old, idim, D)
+
+
+@triton.jit
+def _tile_slots(block_tables_ptr, b, pos, tm, block_size, stride_bt):
+    """The cache slots of sequence b's positions `pos` (those under `tm`; 0 elsewhere)."""
+    blk = tl.load(block_tables_ptr + b * stride_bt + pos // block_size, mask=tm, other=0)
+    return blk.to(tl.int64) * block_size + pos % block_size  # int64: slot * stride can pass 2**31
+
+
+@triton.jit
+def _tile_rows(head_ptr, slot, stride_s, rows, idim, D: tl.constexpr):
+    """(BLOCK_T, D_PAD) cache rows of one KV head at `slot` where `rows` holds, zeros elsewhere."""
+    return tl.load(
+        head_ptr + slot[:, None] * stride_s + idim[None, :], mask=rows[:, None] & (idim < D)[None, :], other=0
+    )
 
 
 @triton.jit
@@ -122,16 +158,17 @@ def _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block
 def _split_chunk(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
-    qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live,
+    qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live, slot0, k0, v0,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
     stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    ROPE: tl.constexpr, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ROPE: tl.constexpr, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, PRELOADED: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
     one, else its partial. With ROPE, the chunk holding the new token (position ctx - 1) first writes
-    that token's rotated K and its V to the cache; the other chunks never read its slot."""
+    that token's rotated K and its V to the cache; the other chunks never read its slot. PRELOADED:
+    (slot0, k0, v0) are the first tile's (`_first_tile`), the new token's row still to load."""
     start, end = _chunk_range(ctx, lo, live, split, BLOCK_T)
 
     ig = tl.arange(0, G_PAD)
@@ -165,31 +202,25 @@ def _split_chunk(
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), tl.float32)
-    for t0 in range(start, end, BLOCK_T):
+    k_head = k_ptr + kvh * stride_kh
+    v_head = v_ptr + kvh * stride_vh
+    loop_start = start
+    if PRELOADED:
+        if start < end:  # else an empty chunk (whole tiles past the context): nothing to attend
+            pos = start + tl.arange(0, BLOCK_T)
+            if ctx - 1 < start + BLOCK_T:  # the new token's row, written by this step, is in this tile
+                new = pos == ctx - 1
+                k0 = tl.where(new[:, None], _tile_rows(k_head, slot0, stride_ks, new, idim, D), k0)
+                v0 = tl.where(new[:, None], _tile_rows(v_head, slot0, stride_vs, new, idim, D), v0)
+            m_i, l_i, acc = _attend(q, k0, v0, pos < end, m_i, l_i, acc, qk_scale, PRECISION, DOT_F32)
+        loop_start = start + BLOCK_T
+    for t0 in range(loop_start, end, BLOCK_T):
         pos = t0 + tl.arange(0, BLOCK_T)
         tm = pos < end
-        blk = tl.load(block_tables_ptr + b * stride_bt + pos // block_size, mask=tm, other=0)
-        slot = blk.to(tl.int64) * block_size + pos % block_size  # int64: slot * stride can pass 2**31
-        kv_mask = tm[:, None] & dm[None, :]
-        k = tl.load(
-            k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + idim[None, :], mask=kv_mask, other=0
-        )
-        if DOT_F32:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (G_PAD, BLOCK_T), log2 units
-        s = tl.where(tm[None, :], s, float("-inf"))
-        # The tile's first position is always inside the chunk, so m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + idim[None, :], mask=kv_mask, other=0
-        )
-        if DOT_F32:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        slot = _tile_slots(block_tables_ptr, b, pos, tm, block_size, stride_bt)
+        k = _tile_rows(k_head, slot, stride_ks, tm, idim, D)
+        v = _tile_rows(v_head, slot, stride_vs, tm, idim, D)
+        m_i, l_i, acc = _attend(q, k, v, tm, m_i, l_i, acc, qk_scale, PRECISION, DOT_F32)
 
     out_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + idim[None, :]
     if ONE_SPLIT or live == 1:
@@ -200,6 +231,23 @@ def _split_chunk(
         tl.store(part_m_ptr + row, m_i, mask=gm)
         tl.store(part_l_ptr + row, l_i, mask=gm)
         tl.store(part_acc_ptr + row[:, None] * D_PAD + idim[None, :], acc, mask=gm[:, None])
+
+
+@triton.jit
+def _attend(q, k, v, tm, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+    """One tile of the online softmax: (m_i, l_i, acc) updated with positions `tm` of K and V
+    (BLOCK_T, D_PAD). The tile's first position is always inside the chunk, so the new max is finite."""
+    if DOT_F32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (G_PAD, BLOCK_T), log2 units
+    s = tl.where(tm[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -226,76 +274,6 @@ def _store_output(out_ptrs, acc, l_i, mask):
     zeros are written then instead of 0/0."""
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _merge_kernel(
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, context_lens_ptr,
-    window, num_splits, min_split_len, stride_ob, stride_oh,
-    NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, MERGE_CHUNK: tl.constexpr = 64,
-    PDL: tl.constexpr = False,
-):  # fmt: skip
-    await_inputs(PDL)
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    _, live = _live_splits(tl.load(context_lens_ptr + b), window, num_splits, min_split_len, HAS_WINDOW)
-    if live > 1:  # one split wrote the output itself
-        if S_PAD <= MERGE_CHUNK:
-            _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits,
-                   stride_ob, stride_oh, NUM_HEADS, D, D_PAD, S_PAD)  # fmt: skip
-        else:
-            _merge_chunks(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits,
-                          stride_ob, stride_oh, NUM_HEADS, D, D_PAD, MERGE_CHUNK)  # fmt: skip
-
-
-@triton.jit
-def _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, stride_ob, stride_oh,
-           NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr):  # fmt: skip
-    """Head h of sequence b: its `live` partials merged by log-sum-exp into the output."""
-    isp = tl.arange(0, S_PAD)
-    idim = tl.arange(0, D_PAD)
-    sm = isp < live
-    row = (b * NUM_HEADS + h) * num_splits + isp
-    m = tl.load(part_m_ptr + row, mask=sm, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + row, mask=sm, other=0.0)
-    acc = tl.load(part_acc_ptr + row[:, None] * D_PAD + idim[None, :], mask=sm[:, None], other=0.0)
-    # out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; empty chunks have m_s = -inf (weight 0).
-    m_max = tl.max(m, 0)
-    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
-    w = tl.exp2(m - m_ref)
-    den = tl.sum(w * l_s, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(den > 0, den, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + idim, out.to(out_ptr.dtype.element_ty), mask=idim < D)
-
-
-@triton.jit
-def _merge_chunks(
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, stride_ob, stride_oh,
-    NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """`_merge` over more splits than one (CHUNK, D_PAD) tile holds in registers: the largest running
-    max first, then the weighted sums chunk by chunk."""
-    idim = tl.arange(0, D_PAD)
-    row0 = (b * NUM_HEADS + h) * num_splits
-    m_max = float("-inf")
-    for s0 in range(0, live, CHUNK):
-        isp = s0 + tl.arange(0, CHUNK)
-        m = tl.load(part_m_ptr + row0 + isp, mask=isp < live, other=float("-inf"))
-        m_max = tl.maximum(m_max, tl.max(m, 0))
-    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
-    den = 0.0
-    num = tl.zeros((D_PAD,), tl.float32)
-    for s0 in range(0, live, CHUNK):
-        isp = s0 + tl.arange(0, CHUNK)
-        sm = isp < live
-        w = tl.exp2(tl.load(part_m_ptr + row0 + isp, mask=sm, other=float("-inf")) - m_ref)
-        den += tl.sum(w * tl.load(part_l_ptr + row0 + isp, mask=sm, other=0.0), 0)
-        acc_at = part_acc_ptr + (row0 + isp)[:, None] * D_PAD + idim[None, :]
-        acc = tl.load(acc_at, mask=sm[:, None], other=0.0)
-        num += tl.sum(acc * w[:, None], 0)
-    out = num / tl.where(den > 0, den, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + idim, out.to(out_ptr.dtype.element_ty), mask=idim < D)
 
 
 @functools.cache
