@@ -40,6 +40,7 @@ ENV_OPTIONS = {
     "matvec_preload": "STRATA_MATVEC_PRELOAD",
     "x_per_row": "STRATA_X_PER_ROW",
     "attention_prefetch": "STRATA_ATTENTION_PREFETCH",
+    "attention_merge": "STRATA_ATTENTION_MERGE",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

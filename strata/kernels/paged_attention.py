@@ -33,13 +33,17 @@ import triton
 import triton.language as tl
 
 from strata import env
-from strata.kernels._paged_attention_merge import _live_splits, _merge_kernel
+from strata.kernels._paged_attention_merge import _live_splits, _merge_in_split, _merge_kernel
 from strata.kernels.pdl import await_inputs, launch_args, prefetch_weights
 from strata.kernels.rotary_kv import NewKV, rope_channels, rope_cos_sin, rope_rotate
+from strata.kernels.split_locks import split_locks
 
 _LOG2E = 1.4426950408889634
 # Below this many positions a split's merge costs more than the parallelism gains.
 MIN_SPLIT_LEN = 256
+# STRATA_ATTENTION_MERGE=split merges in the split kernel up to this many splits (the short graphs'), in
+# a loop unrolled over them; more keep the merge kernel.
+MERGE_IN_SPLIT_MAX = 16
 
 
 @triton.jit
@@ -54,7 +58,7 @@ def _chunk_range(ctx, lo, live, split, BLOCK_T: tl.constexpr):
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
+    lock_ptr, k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
     qk_scale, window, block_size, num_splits, min_split_len,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
     stride_knb, stride_knh, stride_vnb, stride_vnh,
@@ -62,12 +66,14 @@ def _split_kernel(
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr, ROPE: tl.constexpr = False, ROPE_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
-    PDL: tl.constexpr = False, PREFETCH_KV: tl.constexpr = 0,
+    PDL: tl.constexpr = False, PREFETCH_KV: tl.constexpr = 0, MERGE_S_PAD: tl.constexpr = 0,
 ):  # fmt: skip
     """ROPE: q and the new token's k come unrotated; see `paged_decode_attention`'s `new_kv`.
     PREFETCH_KV 1 (under PDL 2): the first tile's K and V rows asked of L2 before the wait
     (`_prefetch_kv`); 2: loaded into registers before the wait (`_first_tile`), all but the new
-    token's row, which the step writes, loaded after it (by the split that holds it)."""
+    token's row, which the step writes, loaded after it (by the split that holds it).
+    MERGE_S_PAD (num_splits' power of two; 0: the merge kernel merges): the last split of a head group
+    to finish merges its partials (`_merge_in_split`, counting in lock_ptr)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -90,13 +96,13 @@ def _split_kernel(
         slot0, k0, v0 = 0, 0, 0  # unused: the chunk loads its first tile in its loop
     if split < live:
         _split_chunk(
-            q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+            q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr,
             k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
             qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live, slot0, k0, v0,
             stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
             stride_knb, stride_knh, stride_vnb, stride_vnh,
             NUM_HEADS, G, G_PAD, D, D_PAD, BLOCK_T, ONE_SPLIT, PRECISION, DOT_F32,
-            ROPE, ROPE_DIM, INTERLEAVED, PREFETCH_KV == 2,
+            ROPE, ROPE_DIM, INTERLEAVED, PREFETCH_KV == 2, MERGE_S_PAD,
         )  # fmt: skip
 
 
@@ -156,7 +162,7 @@ def _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block
 
 @triton.jit
 def _split_chunk(
-    q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr,
     k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
     qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live, slot0, k0, v0,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
@@ -164,6 +170,7 @@ def _split_chunk(
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     ROPE: tl.constexpr, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, PRELOADED: tl.constexpr,
+    MERGE_S_PAD: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
     one, else its partial. With ROPE, the chunk holding the new token (position ctx - 1) first writes
@@ -231,6 +238,9 @@ def _split_chunk(
         tl.store(part_m_ptr + row, m_i, mask=gm)
         tl.store(part_l_ptr + row, l_i, mask=gm)
         tl.store(part_acc_ptr + row[:, None] * D_PAD + idim[None, :], acc, mask=gm[:, None])
+        if MERGE_S_PAD:
+            _merge_in_split(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr, b, kvh, live, num_splits,
+                            stride_ob, stride_oh, NUM_HEADS, G, D, D_PAD, MERGE_S_PAD)  # fmt: skip
 
 
 @triton.jit
@@ -440,8 +450,12 @@ def paged_decode_attention(
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(batch, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
     nk = new_kv or NewKV(q, q, context_lens, context_lens, q, 0, "neox")  # placeholders: never read
+    s_pad = triton.next_power_of_2(num_splits)
+    # The merge in the split kernel holds a head group's partials at once: only while they are few.
+    merge_in_split = 1 < num_splits <= MERGE_IN_SPLIT_MAX and env.attention_merge() == "split"
+    locks = split_locks(q.device, batch * num_kv_heads) if merge_in_split else context_lens  # unread without
     _split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc,
+        q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc, locks,
         nk.k, nk.v, nk.positions, nk.inv_freq, nk.slot_mapping, float(nk.scale),
         scale * _LOG2E, window or 0, block_size, num_splits, min_split_len,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
@@ -449,16 +463,16 @@ def paged_decode_attention(
         nk.k.stride(0), nk.k.stride(1), nk.v.stride(0), nk.v.stride(1),
         NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
         ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
-        PREFETCH_KV=env.attention_prefetch(), **rope,
+        PREFETCH_KV=env.attention_prefetch(), MERGE_S_PAD=s_pad if merge_in_split else 0, **rope,
         num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),
         **launch_args(q.device),
     )  # fmt: skip
-    if num_splits > 1:
+    if num_splits > 1 and not merge_in_split:
         _merge_kernel[(batch, num_heads)](
             out, part_m, part_l, part_acc, context_lens, window or 0, num_splits, min_split_len,
             out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=triton.next_power_of_2(num_splits),
+            NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=s_pad,
             HAS_WINDOW=window is not None,
             num_warps=num_warps,
             **launch_args(q.device),
