@@ -152,11 +152,12 @@ def matvec_preload() -> str:
 
 
 def x_per_row() -> bool:
-    """STRATA_X_PER_ROW=1 (opt-in until timed): on the GPU kernel path, Q4_K's int8 matvec at its
+    """STRATA_X_PER_ROW=1 (opt-in): on the GPU kernel path, Q4_K's int8 matvec at its
     default tile for one row (8 x 2,048 on weights of 2,048-65,535 rows: the 7B's and the 1.5B's)
     loads x's words in the words' layout, once for each row a thread holds, instead of once and
     converted (`MatvecConfig.x_per_row`): the same sums. In the sm_90 build of that tile, 3 barriers
-    after the PDL wait instead of 8, 299 instructions instead of 325."""
+    after the PDL wait instead of 8, 299 instructions instead of 325. Measured slower (H100,
+    2026-12-07, decode of one sequence): the 7B 0.927x, the 1.5B 0.986x."""
     return _level("STRATA_X_PER_ROW", "0", ("0", "1")) == "1"
 
 
@@ -193,23 +194,26 @@ def rope_in_attention() -> bool:
 
 
 def attention_prefetch() -> int:
-    """STRATA_ATTENTION_PREFETCH (opt-in until timed; the kernels' PREFETCH_KV level): 1, under PDL level
-    2, each paged decode attention split asks L2 for its first tile's K and V rows before it waits for
-    the kernel before it, as the fp32-x matvecs do for their weights; the loop then reads them from L2
-    instead of HBM. tile (2): each split loads its first tile's K and V into registers before the wait,
-    as the preloaded matvecs do their weights, all but the new token's row (written by the step, so
-    loaded after the wait). The same bits either way. In the sm_90 build the split kernel loads
-    nothing before its wait by default and 28 times after it (benchmarks/sass_after_wait.py)."""
-    return {"0": 0, "1": 1, "tile": 2}[_level("STRATA_ATTENTION_PREFETCH", "0", ("0", "1", "tile"))]
+    """STRATA_ATTENTION_PREFETCH (the kernels' PREFETCH_KV level): tile (2, the default), each paged
+    decode attention split loads its first tile's K and V into registers before it waits for the
+    kernel before it (under PDL), as the preloaded matvecs do their weights, all but the new token's
+    row (written by the step, so loaded after the wait); 1, under PDL level 2, it only asks L2 for those
+    rows; 0, it loads nothing before the wait. The same bits at every level. Measured against 0 (H100,
+    2026-12-07, decode, `strata bench ab`): the 7B 1.022x and, arms swapped, 1.013x at one sequence,
+    1.002x at 8, 1.009x at 64; the 1.5B 1.075x and 1.010x swapped; the 0.5B 1.006x and 1.000x swapped,
+    0.995x at 8, 1.003x at 32k positions. Level 1 is untimed."""
+    return {"0": 0, "1": 1, "tile": 2}[_level("STRATA_ATTENTION_PREFETCH", "tile", ("0", "1", "tile"))]
 
 
 def attention_merge() -> str:
-    """STRATA_ATTENTION_MERGE (opt-in until timed): where paged decode attention merges its splits'
-    partials. kernel (the default): a second kernel, one program a query head. split: the last split
-    of each head group to finish (counted by an atomic) merges the group's partials, one launch fewer
-    a layer, at up to `paged_attention.MERGE_IN_SPLIT_MAX` (16) splits: the short graphs'; longer
-    contexts keep the kernel. The same arithmetic, its sums over splits in split order (the kernel's
-    in a tree), so an ulp apart at times."""
+    """STRATA_ATTENTION_MERGE: where paged decode attention merges its splits' partials. kernel (the
+    default): a second kernel, one program a query head. split: the last split of each head group to
+    finish (counted by an atomic) merges the group's partials, one launch fewer a layer, at up to
+    `paged_attention.MERGE_IN_SPLIT_MAX` (16) splits: the short graphs'; longer contexts keep the
+    kernel. The same arithmetic, its sums over splits in split order (the kernel's in a tree), so an
+    ulp apart at times. Measured slower (H100, 2026-12-07, decode of one sequence): the 0.5B 0.917x,
+    the 7B 0.934x: the last split's merge of 7 heads lands on the step's critical path and costs more
+    than the launch it saves."""
     return _level("STRATA_ATTENTION_MERGE", "kernel", ("kernel", "split"))
 
 

@@ -287,7 +287,7 @@ def test_prefetch_kv_gives_the_same_bits(monkeypatch, window, level, kernel_leve
         run = functools.partial(
             paged_decode_attention, *args, block_size=16, num_splits=num_splits, block_t=16, window=window
         )
-        monkeypatch.delenv("STRATA_ATTENTION_PREFETCH", raising=False)
+        monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", "0")
         plain = run()
         monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", level)
         assert torch.equal(run(), plain)
@@ -297,7 +297,9 @@ def test_prefetch_kv_gives_the_same_bits(monkeypatch, window, level, kernel_leve
 def test_prefetch_level_is_checked(monkeypatch):
     from strata import env
 
+    monkeypatch.delenv("STRATA_ATTENTION_PREFETCH", raising=False)
+    assert env.attention_prefetch() == 2  # tile, the default
     monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", "2")
-    message = "STRATA_ATTENTION_PREFETCH='2' must be 0, 1 or tile; unset it for 0"
+    message = "STRATA_ATTENTION_PREFETCH='2' must be 0, 1 or tile; unset it for tile"
     with pytest.raises(ValueError, match=message):
         env.attention_prefetch()

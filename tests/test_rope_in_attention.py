@@ -128,13 +128,15 @@ def test_live_splits_and_window(min_split_len):
     run_both([1, 40, 600], 4, 1, 16, num_splits=8, min_split_len=min_split_len, window=37)
 
 
+@pytest.mark.parametrize("prefetch", ["0", "tile"])
 @pytest.mark.parametrize("num_splits", [8, 2])
-def test_first_tile_preloaded(monkeypatch, num_splits):
-    # STRATA_ATTENTION_PREFETCH=tile: each split loads its first tile's K and V before the wait, all but
-    # the new token's row, whose slot holds NaN until the split itself writes it. In tiles of 64, with 8
-    # splits the new positions (0, 16, 64, 299) are all in a split's first tile; with 2 the 300-long
+def test_first_tile_preloaded_or_not(monkeypatch, num_splits, prefetch):
+    # STRATA_ATTENTION_PREFETCH=tile (the default, under which the other tests here run): each split
+    # loads its first tile's K and V before the wait, all but the new token's row, whose slot holds NaN
+    # until the split itself writes it; 0 loads every tile in the loop. In tiles of 64, with 8 splits
+    # the new positions (0, 16, 64, 299) are all in a split's first tile; with 2 the 300-long
     # context's is in its second split's second tile, the 65-long one's in its second split's first.
-    monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", "tile")
+    monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", prefetch)
     run_both([1, 17, 65, 300], 4, 2, 32, num_splits=num_splits, seed=num_splits)
 
 

@@ -4,11 +4,15 @@ A decode step is a few hundred small kernels in a row, each a few microseconds; 
 the GPU drains one grid and launches the next. Launched with PDL, a kernel may start while the one
 before it runs: its programs become resident early and wait in `await_inputs` until the previous
 kernel has finished and its writes are visible. Every kernel that is launched with `launch_args`
-calls `await_inputs(PDL)` (or `await_inputs_after`) before it reads or writes any memory that a
-kernel writes, so the order of those memory effects is exactly that of ordinary launches; only the
-launch, the programs' start and the reads of what no kernel writes are overlapped: the preloaded
-matvecs' weights and, under STRATA_ATTENTION_PREFETCH, decode attention's context lengths and block
-tables (copied in before a graph's replay), from which it asks L2 for its first K/V tile.
+calls `await_inputs(PDL)` (or `await_inputs_after`) before it reads or writes any memory that the
+kernel before it may write, so the order of those memory effects is that of ordinary launches; only
+the launch, the programs' start and the reads of what that kernel cannot have written are overlapped:
+the preloaded matvecs' weights (no kernel writes them) and, under STRATA_ATTENTION_PREFETCH, decode
+attention's context lengths and block tables (copied in before a graph's replay) and, at its tile
+level, the K/V rows of positions before the step's new token. Those were written by earlier steps,
+by kernels that had finished before the kernel just before the attention got past its own wait (a
+program starts only once every program of the kernel before it has passed its wait), hence before
+any of the attention's programs started.
 
 The fused tensor-core matmul (batched decode) and the prefill attention are launched ordinarily:
 with the matmul under PDL the 7B's decode of 16 sequences ran 0.933x (H200, 2026-12-04).
