@@ -10,6 +10,8 @@ logits are compared.
 - STRATA_SHORT_GRAPHS=256: short contexts split by a bound of 256 positions (with STRATA_SHORT_SPLITS,
   _BLOCK_T and _STAGES at 0; and at others, launched as those say). The defaults' bound of 2,048 is the
   model's whole length here, so the defaults run the long set.
+- STRATA_ATTENTION_PREFETCH=0 with STRATA_MERGE_WARPS=1: decode attention loads its first tile after
+  the wait, and its merge runs on one warp
 - STRATA_NORM_IN_MATVEC=1 (with int8 x off): one-row steps' norms in the projections' loads and
   residual adds in their stores
 """
@@ -167,6 +169,15 @@ def test_short_attention_launch(model: Path, defaults: Run):
     launches = {tuple(kw[key] for key in keys) for kw in short.attention}
     assert launches == {(2048, None, 4, 16, 2)}  # at most 4 splits, counted for the model's 2,048
     assert {(kw["num_splits"], kw["block_t"]) for kw in defaults.attention} == {(None, None)}
+
+
+def test_attention_prefetch_and_merge_warps(model: Path, defaults: Run):
+    # STRATA_ATTENTION_PREFETCH=0 (the default, tile, loads each split's first K/V tile before the
+    # wait) and STRATA_MERGE_WARPS=1 reaching the kernel launch: the same bits.
+    other = decode(model, ATTENTION_PREFETCH="0", MERGE_WARPS="1")
+    assert_same_bits(other, defaults)
+    assert {kw["merge_warps"] for kw in defaults.attention} == {None}
+    assert other.attention and {kw["merge_warps"] for kw in other.attention} == {1}
 
 
 def test_norm_in_matvec(model: Path):

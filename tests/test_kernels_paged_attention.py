@@ -209,18 +209,48 @@ def test_split_knobs():
     cache = torch.zeros(16, 2, 16, device=DEVICE)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     tables, lens = tables.to(DEVICE), lens.to(DEVICE)
-    with pytest.raises(ValueError, match="num_stages must be >= 1, got None, 0, 2 and "):
+    with pytest.raises(ValueError, match="merge_warps must be >= 1, got None, 0, 2, None and None"):
         paged_decode_attention(q, cache, cache, tables, lens, block_size=16, max_splits=0)
+    with pytest.raises(ValueError, match="merge_warps must be >= 1, got None, 64, 2, None and -1"):
+        paged_decode_attention(q, cache, cache, tables, lens, block_size=16, merge_warps=-1)
 
 
 @pytest.mark.parametrize(
-    "block_t, num_warps, num_stages", [(16, 2, 1), (32, 8, 4), (128, 4, None), (128, 4, 2)]
+    "block_t, num_warps, num_stages, merge_warps",
+    [(16, 2, 1, None), (32, 8, 4, 1), (128, 4, None, 2), (128, 4, 2, None), (16, 4, 2, 1)],
 )
-def test_launch_configs(block_t, num_warps, num_stages):
+def test_launch_configs(block_t, num_warps, num_stages, merge_warps):
     # The launch choices the long-context sweep tries (benchmarks/gpu_attention_graph.py): the same
     # result within the tolerance (block_t moves the online softmax's rescaling points).
     check([1, 17, 300], 14, 2, 32, 16, torch.bfloat16, 3, block_t=block_t, num_warps=num_warps,
-          num_stages=num_stages)  # fmt: skip
+          num_stages=num_stages, merge_warps=merge_warps)  # fmt: skip
+
+
+def test_merge_warps_reach_the_merge_kernel(monkeypatch):
+    # STRATA_MERGE_WARPS on the model path; here the argument: the merge kernel's launch takes it, the
+    # split kernel keeps num_warps; without it both take num_warps.
+    import strata.kernels.paged_attention as pa
+    from tests.launch_recorder import LaunchRecorder
+
+    merges = LaunchRecorder(pa._merge_kernel)
+    monkeypatch.setattr(pa, "_merge_kernel", merges)
+    args = small_case([300], seed=9)
+    want = paged_decode_attention(*args, block_size=16, num_splits=4, block_t=16)
+    got = paged_decode_attention(*args, block_size=16, num_splits=4, block_t=16, merge_warps=1)
+    torch.testing.assert_close(got, want, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
+    assert [launch["num_warps"] for launch in merges.launches] == [4, 1]
+
+
+def test_merge_warps_env(monkeypatch):
+    from strata import env
+
+    monkeypatch.delenv("STRATA_MERGE_WARPS", raising=False)
+    assert env.merge_warps() == 0
+    monkeypatch.setenv("STRATA_MERGE_WARPS", "2")
+    assert env.merge_warps() == 2
+    monkeypatch.setenv("STRATA_MERGE_WARPS", "17")
+    with pytest.raises(ValueError, match="STRATA_MERGE_WARPS='17' must be an integer from 0 to 16; unset it"):
+        env.merge_warps()
 
 
 def test_default_launch():

@@ -41,6 +41,7 @@ ENV_OPTIONS = {
     "x_per_row": "STRATA_X_PER_ROW",
     "attention_prefetch": "STRATA_ATTENTION_PREFETCH",
     "attention_merge": "STRATA_ATTENTION_MERGE",
+    "merge_warps": "STRATA_MERGE_WARPS",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

@@ -345,6 +345,7 @@ def paged_decode_attention(
     block_t: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
+    merge_warps: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context; returns (batch, heads, head_dim).
 
@@ -366,8 +367,9 @@ def paged_decode_attention(
     `new_kv.slot_mapping`, which must be the slot the block table gives it. The same bits as
     `rotary_kv_write` then this function (q's rotation is not written back).
 
-    `block_t` (positions a loop step), `num_warps` and `num_stages` (the split kernel's software
-    pipelining depth; None: Triton's default) are launch choices: the same result up to rounding
+    `block_t` (positions a loop step), `num_warps`, `num_stages` (the split kernel's software
+    pipelining depth; None: Triton's default) and `merge_warps` (the merge kernel's; None:
+    `num_warps`) are launch choices: the same result up to rounding
     (block_t moves the online softmax's rescaling points). Without `block_t`, `default_launch` picks
     it and (unless given) the stages.
     """
@@ -399,10 +401,10 @@ def paged_decode_attention(
         num_stages = num_stages or auto_stages
     if block_t < 16 or block_t & (block_t - 1):
         raise ValueError(f"block_t must be a power of two >= 16 (tl.dot's minimum), got {block_t}")
-    if min(max_splits, programs_per_sm, num_splits or 1, num_stages or 1) < 1:
+    if min(max_splits, programs_per_sm, num_splits or 1, num_stages or 1, merge_warps or 1) < 1:
         raise ValueError(
-            f"num_splits, max_splits, programs_per_sm and num_stages must be >= 1, got {num_splits}, "
-            f"{max_splits}, {programs_per_sm} and {num_stages}"
+            f"num_splits, max_splits, programs_per_sm, num_stages and merge_warps must be >= 1, got "
+            f"{num_splits}, {max_splits}, {programs_per_sm}, {num_stages} and {merge_warps}"
         )
     if block_size < 1 or (window is not None and window < 1) or min(min_split_len, split_len) < 1:
         raise ValueError(
@@ -474,7 +476,7 @@ def paged_decode_attention(
             out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=s_pad,
             HAS_WINDOW=window is not None,
-            num_warps=num_warps,
+            num_warps=merge_warps or num_warps,
             **launch_args(q.device),
         )  # fmt: skip
     return out

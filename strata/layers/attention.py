@@ -87,7 +87,7 @@ class Attention(nn.Module):
             num_splits=paged.num_splits, max_context_len=paged.max_context_len,
             min_split_len=split_len if env.live_splits() else 1, new_kv=new_kv,
             max_splits=paged.max_splits or max_splits, programs_per_sm=programs_per_sm, split_len=split_len,
-            block_t=paged.block_t or block_t or None, num_warps=warps,
+            block_t=paged.block_t or block_t or None, num_warps=warps, merge_warps=env.merge_warps() or None,
             num_stages=paged.num_stages or stages or None,
         )  # fmt: skip
         return out.flatten(1)
