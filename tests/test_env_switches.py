@@ -1,5 +1,6 @@
-"""The on/off settings of strata.env (STRATA_* = 0 or 1): each one's default, both values, and the
-error a careful server gives for anything else (naming the variable, the choices and the default)."""
+"""The on/off and integer settings of strata.env: each one's default, its values (0 and 1; the least
+and the most), and the error a careful server gives for anything else (naming the variable, the
+choices or bounds, and the default)."""
 
 from __future__ import annotations
 
@@ -33,4 +34,24 @@ def test_switch(monkeypatch, name: str, read: Callable[[], bool], default: bool)
         assert read() is expected
     monkeypatch.setenv(name, "yes")
     with pytest.raises(ValueError, match=f"{name}='yes' must be 0 or 1; unset it for {int(default)}"):
+        read()
+
+
+INTEGERS: list[tuple[str, Callable[[], int], int, int, int]] = [
+    ("STRATA_MERGE_WARPS", env.merge_warps, 0, 0, 16),
+]
+
+
+@pytest.mark.parametrize("name,read,default,least,most", INTEGERS, ids=[s[0] for s in INTEGERS])
+def test_integer_setting(
+    monkeypatch, name: str, read: Callable[[], int], default: int, least: int, most: int
+):
+    monkeypatch.delenv(name, raising=False)
+    assert read() == default
+    for value in (least, most):
+        monkeypatch.setenv(name, str(value))
+        assert read() == value
+    monkeypatch.setenv(name, str(most + 1))
+    message = f"{name}='{most + 1}' must be an integer from {least} to {most}; unset it for {default}"
+    with pytest.raises(ValueError, match=message):
         read()

@@ -241,18 +241,6 @@ def test_merge_warps_reach_the_merge_kernel(monkeypatch):
     assert [launch["num_warps"] for launch in merges.launches] == [4, 1]
 
 
-def test_merge_warps_env(monkeypatch):
-    from strata import env
-
-    monkeypatch.delenv("STRATA_MERGE_WARPS", raising=False)
-    assert env.merge_warps() == 0
-    monkeypatch.setenv("STRATA_MERGE_WARPS", "2")
-    assert env.merge_warps() == 2
-    monkeypatch.setenv("STRATA_MERGE_WARPS", "17")
-    with pytest.raises(ValueError, match="STRATA_MERGE_WARPS='17' must be an integer from 0 to 16; unset it"):
-        env.merge_warps()
-
-
 def test_default_launch():
     h100 = 232_448  # bytes of opt-in shared memory a block
     assert default_launch(64, 2, h100) == default_launch(128, 2, h100) == (128, 2)
