@@ -161,6 +161,16 @@ def x_per_row() -> bool:
     return _level("STRATA_X_PER_ROW", "0", ("0", "1")) == "1"
 
 
+def rows_preload() -> bool:
+    """STRATA_ROWS_PRELOAD=1 (opt-in until timed): on the GPU kernel path, Q4_K's row-interleaved int8
+    matvec (`_matvec_q4k_rows`: the 7B's gate+up and down, the 1.5B's down) loads its first step's
+    weights before the PDL wait, while the kernel before it runs, as the fp32 Q8_0/Q5_0 matvecs do
+    under STRATA_MATVEC_PRELOAD (`RowsConfig.preload`). The same sums. Its launches put one to four
+    super-blocks in a program (K split up to 32 ways), so the first step is a quarter to all of a
+    program's weights."""
+    return _level("STRATA_ROWS_PRELOAD", "0", ("0", "1")) == "1"
+
+
 def widen_to_stack() -> bool:
     """STRATA_WIDEN_TO_STACK=1 (opt-in until timed): on the GPU kernel path, projections of one input
     whose weights are Q5_0 and Q8_0 (the 0.5B's q+k and v in half its layers) are stacked into one

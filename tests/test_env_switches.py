@@ -20,6 +20,7 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_NORM_IN_MATVEC", env.norm_in_matvec, False),
     ("STRATA_WIDEN_TO_STACK", env.widen_to_stack, False),
     ("STRATA_X_PER_ROW", env.x_per_row, False),
+    ("STRATA_ROWS_PRELOAD", env.rows_preload, False),
 ]
 
 

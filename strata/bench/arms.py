@@ -42,6 +42,7 @@ ENV_OPTIONS = {
     "attention_prefetch": "STRATA_ATTENTION_PREFETCH",
     "attention_merge": "STRATA_ATTENTION_MERGE",
     "merge_warps": "STRATA_MERGE_WARPS",
+    "rows_preload": "STRATA_ROWS_PRELOAD",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

@@ -31,7 +31,8 @@ class RowsConfig:
     units a step, K split `split_k` ways (in units), `num_warps` (a warp per 32 rows and unit of a
     step), `xvec` (dx and the x sums in 16-byte loads), `prefetch` (the next step's weights loaded
     before this step computes), `stream` (the weight words loaded past L1), `subs` (the sub-blocks of
-    a unit, which one lane takes: 8, a whole super-block, or 4 or 2, more lanes on short rows)."""
+    a unit, which one lane takes: 8, a whole super-block, or 4 or 2, more lanes on short rows),
+    `preload` (the first step's weights loaded before the PDL wait; not with `prefetch`)."""
 
     rows: int = ROWS
     step: int = 1
@@ -41,6 +42,7 @@ class RowsConfig:
     prefetch: bool = False
     stream: bool = False
     subs: int = 8
+    preload: bool = False
 
 
 def rows_config(n: int, k: int, rows: int, num_sms: int) -> RowsConfig:
@@ -69,6 +71,7 @@ def q4_k_rows_int8_matvec_kernel(
     USE_ASM: tl.constexpr, EVEN: tl.constexpr = False, XVEC: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
     M: tl.constexpr = 1, M_PAD: tl.constexpr = 1, STREAM: tl.constexpr = False, SUBS: tl.constexpr = 8,
+    PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     """Program (g, split) sums rows g * R .. over its split's units of SUBS sub-blocks (8: a
     super-block), NB a step, for M rows of x (M_PAD, their next power of two). A lane takes one row
@@ -77,15 +80,25 @@ def q4_k_rows_int8_matvec_kernel(
     masks). XVEC: dx and the x sums in 16-byte loads (`_x`; Triton 3.9 converts them every step, 3.6
     does not). NB > 1 also converts under 3.9 (`compile_check` counts the barriers). PREFETCH: each
     step's weights are loaded before the step before it computes (the last step reloads its own
-    instead of reading past the end). STREAM: the weight words loaded past L1 (`_weights`). The same
-    sums in every variant."""
+    instead of reading past the end). STREAM: the weight words loaded past L1 (`_weights`). PRELOAD
+    (not with PREFETCH): the first step's weights loaded before the PDL wait (weights are never
+    written by a kernel), masked to the split's units, so an empty split reads nothing; the loop then
+    starts at the second step. The same sums in every variant."""
     g = tl.program_id(0)
     n_blk = K // 256
     lo, hi = split_range(K // (32 * SUBS), NB, SPLIT_K)
     planes = (qs_ptr + g * (n_blk * 8 * R * 4), scm_ptr + g * (n_blk * R * 16), dm_ptr + g * (n_blk * R))
     x = (xq_ptr, xd_ptr, xs_ptr, K // 32)
+    start = lo
+    if PRELOAD:
+        b = lo + tl.arange(0, NB)
+        first = _weights(planes, b, b < hi, R, False, STREAM, SUBS)
+        start = lo + NB
     await_inputs(PDL)
     acc = tl.zeros((R, NB, SUBS), tl.float32) if M == 1 else tl.zeros((M_PAD, R, NB), tl.float32)
+    if PRELOAD:  # noqa: SIM102 - a constexpr if: without PRELOAD, `first` is not defined
+        if lo < hi:
+            acc = _step(acc, first, x, b, b < hi, R, EVEN, XVEC, USE_ASM, M, M_PAD, SUBS)
     if PREFETCH:
         b = lo + tl.arange(0, NB)
         following = _weights(planes, b, b < hi, R, EVEN, STREAM, SUBS)
@@ -98,7 +111,7 @@ def q4_k_rows_int8_matvec_kernel(
             following = _weights(planes, ahead, bv, R, EVEN, STREAM, SUBS)
             acc = _step(acc, these, x, b, bv, R, EVEN, XVEC, USE_ASM, M, M_PAD, SUBS)
     else:
-        for b0 in range(lo, hi, NB):
+        for b0 in range(start, hi, NB):
             b = b0 + tl.arange(0, NB)
             bv = b < hi
             weights = _weights(planes, b, bv, R, EVEN, STREAM, SUBS)
@@ -237,6 +250,8 @@ def q4_k_rows_int8_matvec(
         raise ValueError("split_k > 1 needs workspace=(partials (split_k, M, n) fp32, zeroed int32 counters)")
     if c.subs not in (2, 4, 8) or (c.xvec and c.subs != 8):
         raise ValueError(f"RowsConfig.subs must be 8, 4 or 2 (xvec with 8 only), got {c.subs}, xvec={c.xvec}")
+    if c.preload and c.prefetch:
+        raise ValueError("RowsConfig: preload and prefetch are exclusive (both load the first step ahead)")
     qs, scm, dm = planes
     y, locks = workspace if workspace is not None else (out, out)
     q4_k_rows_int8_matvec_kernel[(triton.cdiv(n, c.rows), c.split_k)](
@@ -245,7 +260,7 @@ def q4_k_rows_int8_matvec(
         y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, NB=c.step, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm,
         EVEN=k // (32 * c.subs) % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch, ADD=accumulate,
-        M=m, M_PAD=triton.next_power_of_2(m), STREAM=c.stream, SUBS=c.subs,
+        M=m, M_PAD=triton.next_power_of_2(m), STREAM=c.stream, SUBS=c.subs, PRELOAD=c.preload,
         num_warps=c.num_warps, **launch_args(out.device),
     )  # fmt: skip
     return out

@@ -150,8 +150,8 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     rows, the dequantization; the matmul is in `matmul_variants`), and the row-interleaved int8 matvec
     (a warp per 32 rows: NUM_WARPS, which `main` passes as the launch option) at one super-block a
     step as `rows_config` launches it: split and not, masked and not, with bias and residual add,
-    under PDL, and on half and quarter super-blocks a lane (`RowsConfig.subs`). `main` fails the latter
-    if its loop has a barrier (`NO_BARRIERS`)."""
+    under PDL, and on half and quarter super-blocks a lane (`RowsConfig.subs`), and preloaded. `main`
+    fails the latter if its loop has a barrier (`NO_BARRIERS`)."""
     from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
     from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
     from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec_kernel
@@ -183,6 +183,9 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         consts |= dict(PREFETCH=ahead, ADD=split > 1, NUM_WARPS=rows // 32, M=m, M_PAD=m, SUBS=subs)
         name = f"{NO_BARRIERS[0]} R={rows} split={split} even={even} prefetch={ahead} M={m} subs={subs}"
         out.append((name, q4_k_rows_int8_matvec_kernel, consts, pointers))
+        if not ahead and m == 1:  # RowsConfig.preload: main() checks a weight load precedes the wait
+            preload = dict(consts, PRELOAD=True)
+            out.append((f"{name} preload", q4_k_rows_int8_matvec_kernel, preload, pointers))
     return out
 
 

@@ -8,7 +8,7 @@ dtype; every product is accumulated in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -413,7 +413,7 @@ def _rows_matvec(
 
     asm = use_asm(xq[0])
     if w.planar:
-        cfg = rows_config(w.n, w.k, w.rows_group, num_sms)
+        cfg = replace(rows_config(w.n, w.k, w.rows_group, num_sms), preload=env.rows_preload())
         q4_k_rows_int8_matvec(
             *xq, w.planes, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=asm,
             workspace=workspace(cfg.split_k),
