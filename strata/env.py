@@ -162,12 +162,13 @@ def x_per_row() -> bool:
 
 
 def rows_preload() -> bool:
-    """STRATA_ROWS_PRELOAD=1 (opt-in until timed): on the GPU kernel path, Q4_K's row-interleaved int8
-    matvec (`_matvec_q4k_rows`: the 7B's gate+up and down, the 1.5B's down) loads its first step's
-    weights before the PDL wait, while the kernel before it runs, as the fp32 Q8_0/Q5_0 matvecs do
-    under STRATA_MATVEC_PRELOAD (`RowsConfig.preload`). The same sums. Its launches put one to four
-    super-blocks in a program (K split up to 32 ways), so the first step is a quarter to all of a
-    program's weights."""
+    """STRATA_ROWS_PRELOAD=1 (opt-in until timed): on the GPU kernel path, the row-interleaved int8
+    matvecs (`_matvec_q4k_rows`: the 7B's Q4_K gate+up and down, the 1.5B's down; `_matvec_q6k_rows`:
+    the Q6_K weights, the 7B's output head among them) load their first step's weights before the PDL
+    wait, while the kernel before them runs, as the fp32 Q8_0/Q5_0 matvecs do under
+    STRATA_MATVEC_PRELOAD (`RowsConfig.preload`, `Q6KRowsConfig.preload`). The same sums. Their
+    launches split K up to 32 ways, so the first step is from a quarter to all of a program's weights
+    (the 7B's down: 3-4 super-blocks a program)."""
     return _level("STRATA_ROWS_PRELOAD", "0", ("0", "1")) == "1"
 
 

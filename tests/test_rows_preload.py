@@ -1,7 +1,8 @@
-"""STRATA_ROWS_PRELOAD: Q4_K's row-interleaved int8 matvec loads its first step's weights before the
-PDL wait (`RowsConfig.preload`). The same sums in the same order as without it, so the same bits: one
-and three x rows, splits that leave a split empty (its preload masked to nothing), steps that do and
-do not cover K evenly, a lane on part of a super-block; and the setting reaching the launch.
+"""STRATA_ROWS_PRELOAD: the row-interleaved int8 matvecs (Q4_K's and Q6_K's) load their first step's
+weights before the PDL wait (`RowsConfig.preload`, `Q6KRowsConfig.preload`). The same sums in the same
+order as without it, so the same bits: one and several x rows, splits that leave a split empty (its
+preload masked to nothing, or unused), steps that do and do not cover K evenly, a lane on part of a
+super-block, Q6_K with and without its prefetch; and the setting reaching both launches.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 import strata.kernels._matvec_q4k_rows as rows_kernel  # noqa: E402
+import strata.kernels._matvec_q6k_rows as q6k_kernel  # noqa: E402
 from strata.kernels._matvec_q4k_rows import RowsConfig, q4_k_rows_int8_matvec  # noqa: E402
+from strata.kernels._matvec_q6k_rows import Q6KRowsConfig, q6_k_rows_int8_matvec  # noqa: E402
 from strata.kernels.int8_inputs import quantize_x, use_asm  # noqa: E402
 from strata.kernels.quant_matvec import quant_matvec  # noqa: E402
 from tests.launch_recorder import LaunchRecorder  # noqa: E402
 from tests.test_kernels_q4k_rows import layouts  # noqa: E402
+from tests.test_kernels_q6k_rows import layouts as q6k_layouts  # noqa: E402
 from tests.test_kernels_quant_matvec import DEVICE, T, k_for  # noqa: E402
 
 
@@ -68,16 +72,55 @@ def test_preload_and_prefetch_are_exclusive():
         rows_matvec(x, packed.planes, n, k, RowsConfig(prefetch=True, preload=True))
 
 
-def test_setting_reaches_the_launch(monkeypatch):
-    # quant_matvec on an int8 x over the rows layout: STRATA_ROWS_PRELOAD=1 launches with PRELOAD, the
+@pytest.mark.parametrize(
+    "m,blocks,split,prefetch",
+    [(1, 2, 1, False), (1, 2, 1, True), (2, 3, 2, False), (1, 1, 4, False), (3, 2, 2, True)],
+)
+def test_q6k_preload_gives_the_same_bits(m: int, blocks: int, split: int, prefetch: bool):
+    # Halves of super-blocks a step: 1 block over 4 splits leaves two empty (their preload unused).
+    n, k = 70, k_for(T.Q6_K, blocks)
+    _, packed = q6k_layouts(n, k, seed=blocks + split)
+    x = torch.randn(m, k, device=DEVICE).bfloat16()
+    xq, xd, _ = quantize_x(x, planar=False)
+
+    def run(preload: bool) -> torch.Tensor:
+        out = torch.full((m, n), float("nan"), dtype=x.dtype, device=DEVICE)
+        workspace = (
+            torch.zeros(split, m, n, device=DEVICE),
+            torch.zeros(-(-n // packed.rows_group), dtype=torch.int32, device=DEVICE),
+        )
+        cfg = Q6KRowsConfig(packed.rows_group, split, prefetch, preload)
+        return q6_k_rows_int8_matvec(
+            xq,
+            xd,
+            packed.planes,
+            n,
+            k,
+            out,
+            cfg,
+            use_asm=use_asm(x),
+            workspace=workspace if split > 1 else None,
+        )
+
+    want = run(False)
+    assert torch.isfinite(want).all()
+    assert torch.equal(run(True), want)
+
+
+@pytest.mark.parametrize("qtype,module,kernel", [
+    (T.Q4_K, rows_kernel, "q4_k_rows_int8_matvec_kernel"),
+    (T.Q6_K, q6k_kernel, "q6_k_rows_int8_matvec_kernel"),
+])  # fmt: skip
+def test_setting_reaches_the_launch(monkeypatch, qtype, module, kernel):
+    # quant_matvec on an int8 x over the rows layouts: STRATA_ROWS_PRELOAD=1 launches with PRELOAD, the
     # default without; the same bits.
-    recorder = LaunchRecorder(rows_kernel.q4_k_rows_int8_matvec_kernel)
-    monkeypatch.setattr(rows_kernel, "q4_k_rows_int8_matvec_kernel", recorder)
-    n, k = 70, k_for(T.Q4_K, 3)
-    _, packed = layouts(n, k, seed=5)
+    recorder = LaunchRecorder(getattr(module, kernel))
+    monkeypatch.setattr(module, kernel, recorder)
+    n, k = 70, k_for(qtype, 3)
+    _, packed = (layouts if qtype == T.Q4_K else q6k_layouts)(n, k, seed=5)
     x = torch.randn(1, k, device=DEVICE).bfloat16()
     monkeypatch.delenv("STRATA_ROWS_PRELOAD", raising=False)
-    want = quant_matvec(x, packed, T.Q4_K, n, k)
+    want = quant_matvec(x, packed, qtype, n, k)
     monkeypatch.setenv("STRATA_ROWS_PRELOAD", "1")
-    assert torch.equal(quant_matvec(x, packed, T.Q4_K, n, k), want)
+    assert torch.equal(quant_matvec(x, packed, qtype, n, k), want)
     assert [launch["PRELOAD"] for launch in recorder.launches] == [False, True]

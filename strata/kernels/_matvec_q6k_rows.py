@@ -26,11 +26,13 @@ from strata.kernels.quant_pack import ROWS
 @dataclass(frozen=True)
 class Q6KRowsConfig:
     """`rows` per group (the layout's grouping), K split `split_k` ways (in halves of super-blocks), a
-    warp per 32 rows, `prefetch`: the next half's quants loaded before this one's products."""
+    warp per 32 rows, `prefetch`: the next half's quants loaded before this one's products, `preload`:
+    the first half's loaded before the PDL wait."""
 
     rows: int = ROWS
     split_k: int = 1
     prefetch: bool = False
+    preload: bool = False
 
 
 def q6k_rows_config(n: int, k: int, rows: int, num_sms: int) -> Q6KRowsConfig:
@@ -54,10 +56,12 @@ def q6_k_rows_int8_matvec_kernel(
     N, K, stride_ys, stride_ym,
     R: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
     PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
-    M: tl.constexpr = 1, M_PAD: tl.constexpr = 1,
+    M: tl.constexpr = 1, M_PAD: tl.constexpr = 1, PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     """Program (g, split) sums rows g * R .. over its split's halves (128 elements) for M rows of x
-    (M_PAD, their next power of two); every x row meets the quants loaded once. ADD: out += y."""
+    (M_PAD, their next power of two); every x row meets the quants loaded once. ADD: out += y.
+    PRELOAD: the first half's quants loaded before the PDL wait (weights are never written by a
+    kernel; an empty split loads the last half and leaves it unused). The same sums either way."""
     grp = tl.program_id(0)
     n_half = K // 128
     lo, hi = split_range(n_half, 1, SPLIT_K)
@@ -67,16 +71,23 @@ def q6_k_rows_int8_matvec_kernel(
         sc_ptr + grp * (n_half * 8 * R),
         d_ptr + grp * (n_half // 2 * R),
     )
+    if PRELOAD:
+        first = _quants(planes, tl.minimum(lo, n_half - 1), R)
     await_inputs(PDL)
     acc = tl.zeros((R, 2, 2), tl.float32) if M == 1 else tl.zeros((M_PAD, R), tl.float32)
     if PREFETCH:
-        following = _quants(planes, lo, R)
+        following = first if PRELOAD else _quants(planes, lo, R)
         for half in range(lo, hi):
             these = following
             following = _quants(planes, tl.minimum(half + 1, hi - 1), R)
             acc = _step(acc, these, xq_ptr, xd_ptr, half, K // 32, R, USE_ASM, M, M_PAD)
     else:
-        for half in range(lo, hi):
+        start = lo
+        if PRELOAD:
+            if lo < hi:
+                acc = _step(acc, first, xq_ptr, xd_ptr, lo, K // 32, R, USE_ASM, M, M_PAD)
+            start = lo + 1
+        for half in range(start, hi):
             acc = _step(acc, _quants(planes, half, R), xq_ptr, xd_ptr, half, K // 32, R, USE_ASM, M, M_PAD)
     sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else acc
     rows = grp * R + tl.arange(0, R)
@@ -174,7 +185,7 @@ def q6_k_rows_int8_matvec(
         xq, xd, y, out, locks, out if bias is None else bias, ql.view(torch.int32), qh.view(torch.int32),
         sc, d, n, k, y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm, PREFETCH=c.prefetch,
-        ADD=accumulate, M=m, M_PAD=triton.next_power_of_2(m), num_warps=c.rows // 32,
+        ADD=accumulate, M=m, M_PAD=triton.next_power_of_2(m), PRELOAD=c.preload, num_warps=c.rows // 32,
         **launch_args(out.device),
     )  # fmt: skip
     return out

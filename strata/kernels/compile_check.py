@@ -271,7 +271,7 @@ def norm_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
 
 def q6k_rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     """Q6_K's rows kernel (`_matvec_q6k_rows`), split and not, with prefetch and without, one x row and
-    four; in NO_BARRIERS."""
+    four, preloaded at one; in NO_BARRIERS."""
     from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec_kernel
 
     pointers = {"ql_ptr": "*i32", "qh_ptr": "*i32", "sc_ptr": "*i8", "d_ptr": "*fp16"}
@@ -281,6 +281,9 @@ def q6k_rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str
                       M_PAD=m)  # fmt: skip
         name = f"{NO_BARRIERS[1]} R={rows} split={split} prefetch={ahead} M={m}"
         out.append((name, q6_k_rows_int8_matvec_kernel, dict(consts, NUM_WARPS=rows // 32), pointers))
+        if m == 1:  # Q6KRowsConfig.preload: main() checks a weight load precedes the wait
+            preload = dict(consts, NUM_WARPS=rows // 32, PRELOAD=True)
+            out.append((f"{name} preload", q6_k_rows_int8_matvec_kernel, preload, pointers))
     return out
 
 
