@@ -349,11 +349,17 @@ def decode_attention_launch() -> tuple[int, int, int, int]:
 
 
 def merge_warps() -> int:
-    """STRATA_MERGE_WARPS (opt-in until timed; default 0: the split kernel's STRATA_ATTN_WARPS): the
-    warps of paged decode attention's merge kernel, one program a query head. Its reductions over the
-    splits cross warps through shared memory: in the sm_90 build at 16 splits of head_dim 64, 5
-    barriers after the PDL wait at 4 warps, 3 at 2, none at 1 (231, 263 and 319 instructions)."""
-    return _integer("STRATA_MERGE_WARPS", 0, 0, 16)
+    """STRATA_MERGE_WARPS (opt-in until timed; default 0: the split kernel's STRATA_ATTN_WARPS; else a
+    power of two, as Triton launches): the warps of paged decode attention's merge kernel, one
+    program a query head. Its reductions over the splits cross warps through shared memory: in the
+    sm_90 build at 16 splits of head_dim 64, 5 barriers after the PDL wait at 4 warps, 3 at 2, none
+    at 1 (231, 263 and 319 instructions)."""
+    warps = _integer("STRATA_MERGE_WARPS", 0, 0, 16)
+    if warps & (warps - 1):
+        raise ValueError(
+            f"STRATA_MERGE_WARPS={warps} must be a power of two (1, 2, 4, 8 or 16) or 0; unset it for 0"
+        )
+    return warps
 
 
 def pdl() -> int:

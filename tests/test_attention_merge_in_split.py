@@ -35,8 +35,9 @@ def assert_close_to_kernel(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("window", [None, 40])
 @pytest.mark.parametrize("prefetch", ["0", "tile"])
 def test_merge_in_split_gives_the_merge_kernels_output(monkeypatch, window, prefetch):
-    # Contexts of 1 and 17 positions fill one split (its output written directly, no counting), 130
-    # and 300 several; 8 splits of 16-position tiles, and 2 and 3 splits of several tiles each.
+    # In 16-position tiles a context of 1 position fills one split (its output written directly, no
+    # counting), 17, 130 and 300 several (130 over 8 splits leaves live ones empty); 8 splits of a
+    # tile or two, and 2 and 3 splits of several tiles each.
     merges = LaunchRecorder(pa._merge_kernel)
     monkeypatch.setattr(pa, "_merge_kernel", merges)
     monkeypatch.setenv("STRATA_ATTENTION_PREFETCH", prefetch)

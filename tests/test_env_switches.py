@@ -56,3 +56,11 @@ def test_integer_setting(
     message = f"{name}='{most + 1}' must be an integer from {least} to {most}; unset it for {default}"
     with pytest.raises(ValueError, match=message):
         read()
+
+
+def test_merge_warps_are_a_power_of_two(monkeypatch):
+    monkeypatch.setenv("STRATA_MERGE_WARPS", "3")
+    with pytest.raises(
+        ValueError, match="STRATA_MERGE_WARPS=3 must be a power of two .1, 2, 4, 8 or 16. or 0"
+    ):
+        env.merge_warps()

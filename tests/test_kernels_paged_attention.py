@@ -209,10 +209,13 @@ def test_split_knobs():
     cache = torch.zeros(16, 2, 16, device=DEVICE)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     tables, lens = tables.to(DEVICE), lens.to(DEVICE)
-    with pytest.raises(ValueError, match="merge_warps must be >= 1, got None, 0, 2, None and None"):
+    with pytest.raises(ValueError, match="num_stages must be >= 1, got None, 0, 2 and "):
         paged_decode_attention(q, cache, cache, tables, lens, block_size=16, max_splits=0)
-    with pytest.raises(ValueError, match="merge_warps must be >= 1, got None, 64, 2, None and -1"):
-        paged_decode_attention(q, cache, cache, tables, lens, block_size=16, merge_warps=-1)
+    for warps in (0, 3, -1):
+        with pytest.raises(
+            ValueError, match=f"merge_warps must be a power of two .Triton's warps., got {warps}"
+        ):
+            paged_decode_attention(q, cache, cache, tables, lens, block_size=16, merge_warps=warps)
 
 
 @pytest.mark.parametrize(

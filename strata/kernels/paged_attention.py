@@ -132,11 +132,11 @@ def _tile_slots(block_tables_ptr, b, pos, tm, block_size, stride_bt):
 
 
 @triton.jit
-def _tile_rows(head_ptr, slot, stride_s, rows, idim, D: tl.constexpr):
-    """(BLOCK_T, D_PAD) cache rows of one KV head at `slot` where `rows` holds, zeros elsewhere."""
-    return tl.load(
-        head_ptr + slot[:, None] * stride_s + idim[None, :], mask=rows[:, None] & (idim < D)[None, :], other=0
-    )
+def _tile_rows(head_ptr, slot, stride_s, rows, idim, D: tl.constexpr, CACHE: tl.constexpr = ""):
+    """(BLOCK_T, D_PAD) cache rows of one KV head at `slot` where `rows` holds, zeros elsewhere
+    (CACHE: the loads' cache modifier)."""
+    at = head_ptr + slot[:, None] * stride_s + idim[None, :]
+    return tl.load(at, mask=rows[:, None] & (idim < D)[None, :], other=0, cache_modifier=CACHE)
 
 
 @triton.jit
@@ -217,8 +217,12 @@ def _split_chunk(
             pos = start + tl.arange(0, BLOCK_T)
             if ctx - 1 < start + BLOCK_T:  # the new token's row, written by this step, is in this tile
                 new = pos == ctx - 1
-                k0 = tl.where(new[:, None], _tile_rows(k_head, slot0, stride_ks, new, idim, D), k0)
-                v0 = tl.where(new[:, None], _tile_rows(v_head, slot0, stride_vs, new, idim, D), v0)
+                # Through L2 (.cg): a row that shares a 32-byte sector with one loaded before the
+                # wait (rows of under 32 bytes a head) must not be read from a stale L1 line.
+                k_new = _tile_rows(k_head, slot0, stride_ks, new, idim, D, ".cg")
+                v_new = _tile_rows(v_head, slot0, stride_vs, new, idim, D, ".cg")
+                k0 = tl.where(new[:, None], k_new, k0)
+                v0 = tl.where(new[:, None], v_new, v0)
             m_i, l_i, acc = _attend(q, k0, v0, pos < end, m_i, l_i, acc, qk_scale, PRECISION, DOT_F32)
         loop_start = start + BLOCK_T
     for t0 in range(loop_start, end, BLOCK_T):
@@ -401,10 +405,12 @@ def paged_decode_attention(
         num_stages = num_stages or auto_stages
     if block_t < 16 or block_t & (block_t - 1):
         raise ValueError(f"block_t must be a power of two >= 16 (tl.dot's minimum), got {block_t}")
-    if min(max_splits, programs_per_sm, num_splits or 1, num_stages or 1, merge_warps or 1) < 1:
+    if merge_warps is not None and (merge_warps < 1 or merge_warps & (merge_warps - 1)):
+        raise ValueError(f"merge_warps must be a power of two (Triton's warps), got {merge_warps}")
+    if min(max_splits, programs_per_sm, num_splits or 1, num_stages or 1) < 1:
         raise ValueError(
-            f"num_splits, max_splits, programs_per_sm, num_stages and merge_warps must be >= 1, got "
-            f"{num_splits}, {max_splits}, {programs_per_sm}, {num_stages} and {merge_warps}"
+            f"num_splits, max_splits, programs_per_sm and num_stages must be >= 1, got {num_splits}, "
+            f"{max_splits}, {programs_per_sm} and {num_stages}"
         )
     if block_size < 1 or (window is not None and window < 1) or min(min_split_len, split_len) < 1:
         raise ValueError(
