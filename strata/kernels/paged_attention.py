@@ -77,23 +77,25 @@ def _split_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if PREFETCH_KV == 2:
+    slot0, k0, v0 = 0, 0, 0  # unused unless PREFETCH_KV is 2: the chunk loads its first tile in its loop
+    if PREFETCH_KV:  # context lengths and block tables are read before the wait (see `_first_tile`)
         ctx = tl.load(context_lens_ptr + b)
         lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
-        slot0, k0, v0 = _first_tile(
-            k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, block_size,
-            stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, D, D_PAD, BLOCK_T,
-        )  # fmt: skip
+        if PREFETCH_KV == 2:
+            slot0, k0, v0 = _first_tile(
+                k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, block_size,
+                stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, D, D_PAD, BLOCK_T,
+            )  # fmt: skip
+        else:
+            _prefetch_kv(
+                k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, block_size,
+                stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, D, D_PAD, BLOCK_T, PDL,
+            )  # fmt: skip
         await_inputs(PDL)
     else:
-        if PREFETCH_KV == 1:
-            _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block_size, num_splits,
-                         min_split_len, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
-                         D, D_PAD, BLOCK_T, HAS_WINDOW, PDL)  # fmt: skip
         await_inputs(PDL)
         ctx = tl.load(context_lens_ptr + b)
         lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
-        slot0, k0, v0 = 0, 0, 0  # unused: the chunk loads its first tile in its loop
     if split < live:
         _split_chunk(
             q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr,
@@ -140,22 +142,17 @@ def _tile_rows(head_ptr, slot, stride_s, rows, idim, D: tl.constexpr, CACHE: tl.
 
 
 @triton.jit
-def _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, window, block_size, num_splits,
-                 min_split_len, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
-                 D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 PDL: tl.constexpr):  # fmt: skip
-    """Before the wait: L2 prefetches of this split's first tile of K and V rows (`_chunk_range`).
-    Context lengths and block tables are copied in before a decode graph's replay, never written by
-    its kernels, so they can be read here; the new token's slot, which this step writes, may be among
-    the rows, which is harmless: the write goes to L2 too, and a prefetch fills no register."""
-    b = tl.program_id(0)
-    ctx = tl.load(context_lens_ptr + b)
-    lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
-    start, _ = _chunk_range(ctx, lo, live, tl.program_id(2), BLOCK_T)
+def _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, block_size,
+                 stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
+                 D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    """Before the wait: L2 prefetches of split `split`'s first tile of K and V rows (`_chunk_range`;
+    read before the wait as `_first_tile` reads them). The new token's slot, which this step writes,
+    may be among the rows, which is harmless: the write goes to L2 too, and a prefetch fills no
+    register."""
+    start, _ = _chunk_range(ctx, lo, live, split, BLOCK_T)
     pos = tl.minimum(start + tl.arange(0, BLOCK_T), tl.maximum(ctx - 1, 0))  # valid slots only
     blk = tl.load(block_tables_ptr + b * stride_bt + pos // block_size)
     slot = blk.to(tl.int64) * block_size + pos % block_size
-    kvh = tl.program_id(1)
     prefetch_weights(k_ptr + kvh * stride_kh, slot, stride_ks, 0, D, D_PAD // 2, PDL)
     prefetch_weights(v_ptr + kvh * stride_vh, slot, stride_vs, 0, D, D_PAD // 2, PDL)
 
@@ -459,7 +456,7 @@ def paged_decode_attention(
         part_acc = torch.empty(batch, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
     nk = new_kv or NewKV(q, q, context_lens, context_lens, q, 0, "neox")  # placeholders: never read
     s_pad = triton.next_power_of_2(num_splits)
-    # The merge in the split kernel holds a head group's partials at once: only while they are few.
+    # The merge in the split kernel is unrolled over the splits: only up to MERGE_IN_SPLIT_MAX of them.
     merge_in_split = 1 < num_splits <= MERGE_IN_SPLIT_MAX and env.attention_merge() == "split"
     locks = split_locks(q.device, batch * num_kv_heads) if merge_in_split else context_lens  # unread without
     _split_kernel[(batch, num_kv_heads, num_splits)](
