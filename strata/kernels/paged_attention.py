@@ -122,8 +122,8 @@ def _first_tile(k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, bl
     slot = _tile_slots(block_tables_ptr, b, pos, pos < end, block_size, stride_bt)
     old = (pos < end) & (pos < ctx - 1)
     idim = tl.arange(0, D_PAD)
-    k = _tile_rows(k_ptr + kvh * stride_kh, slot, stride_ks, old, idim, D)
-    return slot, k, _tile_rows(v_ptr + kvh * stride_vh, slot, stride_vs, old, idim, D)
+    k = _tile_rows(k_ptr + kvh * stride_kh, slot, stride_ks, old, idim, D, "")
+    return slot, k, _tile_rows(v_ptr + kvh * stride_vh, slot, stride_vs, old, idim, D, "")
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def _tile_slots(block_tables_ptr, b, pos, tm, block_size, stride_bt):
 
 
 @triton.jit
-def _tile_rows(head_ptr, slot, stride_s, rows, idim, D: tl.constexpr, CACHE: tl.constexpr = ""):
+def _tile_rows(head_ptr, slot, stride_s, rows, idim, D: tl.constexpr, CACHE: tl.constexpr):
     """(BLOCK_T, D_PAD) cache rows of one KV head at `slot` where `rows` holds, zeros elsewhere
     (CACHE: the loads' cache modifier)."""
     at = head_ptr + slot[:, None] * stride_s + idim[None, :]
@@ -226,8 +226,8 @@ def _split_chunk(
         pos = t0 + tl.arange(0, BLOCK_T)
         tm = pos < end
         slot = _tile_slots(block_tables_ptr, b, pos, tm, block_size, stride_bt)
-        k = _tile_rows(k_head, slot, stride_ks, tm, idim, D)
-        v = _tile_rows(v_head, slot, stride_vs, tm, idim, D)
+        k = _tile_rows(k_head, slot, stride_ks, tm, idim, D, "")
+        v = _tile_rows(v_head, slot, stride_vs, tm, idim, D, "")
         m_i, l_i, acc = _attend(q, k, v, tm, m_i, l_i, acc, qk_scale, PRECISION, DOT_F32)
 
     out_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + idim[None, :]
