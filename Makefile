@@ -18,6 +18,12 @@ $(VENV)/.test-stamp: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -e '.[test]'
 	touch $@
 
+# The GPU machine's Triton (3.6, ../shared/GPU.md), beside the venv's own, for the compile check:
+# older Tritons reject programs newer ones compile (tests/test_kernels_compile.py).
+DEVICE_TRITON := $(VENV)/triton-3.6
+$(DEVICE_TRITON)/triton: | $(BIN)/python
+	$(BIN)/pip install -q --no-deps --target $(DEVICE_TRITON) 'triton==3.6.0'
+
 run: $(VENV)/.run-stamp
 	$(BIN)/strata serve
 
@@ -29,7 +35,7 @@ lint: $(VENV)/.test-stamp
 # Whole test files go to TEST_WORKERS processes (pytest-xdist), so a module's fixtures load once.
 TEST_WORKERS ?= 2
 
-test: lint
+test: lint $(DEVICE_TRITON)/triton
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:

@@ -67,5 +67,6 @@ def test_graph_replays_read_each_new_row(monkeypatch, prefetch):
         step(q_ref, kc_ref, vc_ref, want)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(k_cache, kc_ref) and torch.equal(v_cache, vc_ref)
+        for cache, ref in ((k_cache, kc_ref), (v_cache, vc_ref)):  # make_case's spare blocks hold NaN
+            torch.testing.assert_close(cache, ref, rtol=0, atol=0, equal_nan=True)
         assert torch.equal(out, want), "a replay's attention differs from the eager run on the same inputs"

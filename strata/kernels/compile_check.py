@@ -435,6 +435,9 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter's jit functions cannot be compiled", file=sys.stderr)
         return 2
+    import triton
+
+    print(f"triton {triton.__version__}", flush=True)  # the tests check which Triton compiled
     failed = 0
     for name, fn, constexprs, pointers in variants():
         try:
