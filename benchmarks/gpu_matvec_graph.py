@@ -86,7 +86,8 @@ def configs(
     x and all rows of a step at once (M > 1) or a flat accumulator (M = 1, also Q5_0); Q6_K, Q8_0 and
     Q5_0 also with int8 x (--int8-only: the int8 configs alone); fp32-x Q8_0 and Q5_0 also with
     matched loads and, where a program takes one K step, with its weights loaded before the PDL wait
-    (plain and matched; the int8 Q4_K and Q6_K kernels: their first step's).
+    (plain and matched; the int8 Q4_K and Q6_K kernels: their first step's); Q5_0's matched preload on
+    tall weights (512 tiles and more) also with 2-4 row tiles a program.
     Matmul (with --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand
     orders, as a candidate for 16-bit x."""
     if smoke:
@@ -106,6 +107,7 @@ def configs(
                 preload,
                 replace(preload, matched_loads=True),
             ]
+            extra += [replace(preload, matched_loads=True, row_tiles=2)] if qtype == T.Q5_0 else []
         if int8_only:
             return extra
         return [
@@ -158,6 +160,10 @@ def configs(
                 if -(-k // 32 // split) <= bk // 32:  # one step a program: its weights before the wait
                     out.append(MatvecConfig(bn, bk, split, warps, preload=True))
                     out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True, preload=True))
+                    if qtype == T.Q5_0 and split == 1 and -(-n // bn) >= 512:  # tall: tiles a program
+                        for tiles in (2, 3, 4):
+                            out.append(MatvecConfig(bn, bk, 1, warps, matched_loads=True, preload=True,
+                                                    row_tiles=tiles))  # fmt: skip
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
@@ -245,6 +251,7 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
         key += (" flat" if cfg.flat_acc else "") + (" x_per_row" if cfg.x_per_row else "")
         key += " matched" if cfg.matched_loads else ""
         key += " preload" if cfg.preload else ""
+        key += f" row_tiles {cfg.row_tiles}" if cfg.row_tiles > 1 else ""
         key += " prefetch" if cfg.prefetch else ""
         key += f" maxnreg {cfg.max_registers}" if cfg.max_registers else ""
         key += " paired_dm" if cfg.paired_dm else ""

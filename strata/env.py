@@ -161,6 +161,15 @@ def x_per_row() -> bool:
     return _level("STRATA_X_PER_ROW", "0", ("0", "1")) == "1"
 
 
+def matvec_row_tiles() -> int:
+    """STRATA_MATVEC_ROW_TILES (opt-in until timed; default 1, at most 8): on the GPU kernel path, the
+    row tiles a program of Q5_0's preloaded matched matvec computes (`MatvecConfig.row_tiles`), on
+    weights of at least 512 tiles (the 0.5B's gate+up: 1,216 tiles of 8 rows, which Nsight Compute ran
+    in 2.3 waves at 41 % occupancy and 20 % of the DRAM bandwidth, H100). The next tile's weights are
+    loaded before the current tile is multiplied. The same bits."""
+    return _integer("STRATA_MATVEC_ROW_TILES", 1, 1, 8)
+
+
 def rows_preload() -> bool:
     """STRATA_ROWS_PRELOAD=1 (opt-in until timed): on the GPU kernel path, the row-interleaved int8
     matvecs (`_matvec_q4k_rows`: the 7B's Q4_K gate+up and down, the 1.5B's down; `_matvec_q6k_rows`:

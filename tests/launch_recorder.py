@@ -11,10 +11,12 @@ class LaunchRecorder:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.launches: list[dict[str, Any]] = []
+        self.grids: list[Any] = []
 
     def __getitem__(self, grid: Any) -> Any:
         def launch(*args: Any, **kwargs: Any) -> Any:
             self.launches.append(kwargs)
+            self.grids.append(grid)
             return self.kernel[grid](*args, **kwargs)
 
         return launch

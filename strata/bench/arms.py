@@ -43,6 +43,7 @@ ENV_OPTIONS = {
     "attention_merge": "STRATA_ATTENTION_MERGE",
     "merge_warps": "STRATA_MERGE_WARPS",
     "rows_preload": "STRATA_ROWS_PRELOAD",
+    "matvec_row_tiles": "STRATA_MATVEC_ROW_TILES",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

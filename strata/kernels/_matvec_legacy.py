@@ -83,12 +83,16 @@ def q5_0_matvec_kernel(
     MATCHED: tl.constexpr = False,
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
+    ROW_TILES: tl.constexpr = 1,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step. MATCHED (M = 1):
-    `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD, PRELOAD: as Q8_0's."""
+    `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD, PRELOAD: as Q8_0's.
+    ROW_TILES (PRELOAD and MATCHED, one split): a program computes that many consecutive row tiles,
+    each tile's weights loaded before the one before it is multiplied (the first's before the wait);
+    each tile's operations are those of a program of one tile, so the same bits."""
     NB: tl.constexpr = BLOCK_K // 32
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(0) * (BLOCK_N * ROW_TILES) + tl.arange(0, BLOCK_N)
     rc = tl.minimum(rows, N - 1)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     if PRELOAD and MATCHED:
@@ -104,6 +108,16 @@ def q5_0_matvec_kernel(
         await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
     if PRELOAD and MATCHED:
+        for _ in tl.static_range(ROW_TILES - 1):  # all but the last tile, which the store below takes
+            rows_next = rows + BLOCK_N
+            next_w = q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, tl.minimum(rows_next, N - 1), lo, hi,
+                                        stride_qs, stride_qh, stride_d, NB)  # fmt: skip
+            acc = q5_0_chunk_dot(tl.zeros((BLOCK_N, NB, 2), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi,
+                                 BLOCK_N, NB, *norm, NORMED)  # fmt: skip
+            store_rows(y_ptr, out_ptr, lock_ptr, tl.sum(tl.sum(acc, 2), 1)[None, :], rows, N, stride_ys,
+                       stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+            w_lo, w_hi, d = next_w
+            rows = rows_next
         acc = q5_0_chunk_dot(tl.zeros((BLOCK_N, NB, 2), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi,
                              BLOCK_N, NB, *norm, NORMED)  # fmt: skip
         acc = tl.sum(tl.sum(acc, 2), 1)[None, :]

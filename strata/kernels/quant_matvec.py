@@ -96,7 +96,10 @@ class MatvecConfig:
     the wait. The same sums as the loop without it, bit for bit. With `matched_loads` the Q8_0 and
     Q5_0 kernels preload the matched loop's step (the matched loop's sums), so x's load after the
     wait needs no layout conversion: the default for one row (`env_tile`, STRATA_MATVEC_PRELOAD,
-    measured 1.147x on the 0.5B's decode); the int8 preload lost (0.960x on the 1.5B)."""
+    measured 1.147x on the 0.5B's decode); the int8 preload lost (0.960x on the 1.5B). `row_tiles`
+    (Q5_0's preloaded matched step, one split) gives a program that many row tiles, the next tile's
+    weights loaded before the current is multiplied: fewer programs than one a tile (the 0.5B's
+    gate+up: 2.3 waves of 1,216 in Nsight Compute), the same bits (STRATA_MATVEC_ROW_TILES)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -112,14 +115,15 @@ class MatvecConfig:
     max_registers: int | None = None
     paired_dm: bool = False
     preload: bool = False
+    row_tiles: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"MatvecConfig.{name} must be a power of two, got {value}")
-        if self.split_k < 1:
-            raise ValueError(f"MatvecConfig.split_k must be >= 1, got {self.split_k}")
+        if self.split_k < 1 or self.row_tiles < 1:
+            raise ValueError(f"MatvecConfig.split_k and row_tiles must be >= 1, got {self}")
         if self.max_registers is not None and not 24 <= self.max_registers <= 255:
             raise ValueError(
                 f"MatvecConfig.max_registers must be from 24 to 255 (a thread's), got {self.max_registers}"
@@ -326,7 +330,9 @@ def quant_matvec(
         extra["MATCHED"] = True
     if cfg.preload:
         extra["PRELOAD"] = True
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if cfg.row_tiles > 1:
+        extra["ROW_TILES"] = cfg.row_tiles
+    grid = (triton.cdiv(n, cfg.block_n * cfg.row_tiles), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
     # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
     ws = (
