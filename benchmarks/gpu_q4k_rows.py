@@ -1,9 +1,10 @@
 """Q4_K decode matvecs on int8 x (M rows, default 1): the row-interleaved kernel (`_matvec_q4k_rows`,
 the "rows" layout) against the planar int8 kernel's default tile, side by side, inside CUDA graphs,
-on the 7B's and 1.5B's Q4_K decode shapes; with --types Q6_K, Q6_K's rows kernel
+on the 7B's, 1.5B's and 0.5B's Q4_K decode shapes; with --types Q6_K, Q6_K's rows kernel
 (`_matvec_q6k_rows`, STRATA_Q6K_LAYOUT=rows) against Q6_K's int8 kernel at its default tile.
 
-    python benchmarks/gpu_q4k_rows.py [--models 7b,1.5b] [--types Q4_K,Q6_K] [--m 1] [--calls 40] [--rounds 3]
+    python benchmarks/gpu_q4k_rows.py [--models 7b,1.5b,0.5b] [--types Q4_K,Q6_K] [--m 1] [--calls 40]
+        [--rounds 3]
     python benchmarks/gpu_q4k_rows.py --smoke     # the script itself, in Triton's interpreter
 
 Both kernels read the same x, quantized once (`quantize_x`, planar order; not timed). Each candidate
@@ -55,6 +56,9 @@ SHAPES = {
         ("q+k+v", Q4_K, 2048, 1536), ("o", Q4_K, 1536, 1536), ("gate+up", Q4_K, 17920, 1536),
         ("down", Q4_K, 1536, 8960), ("down", Q6_K, 1536, 8960),
     ],
+    # The 0.5B's downs (Q6_K rows by default: 448 programs of 2 warps, 7.5 % achieved occupancy in
+    # Nsight Compute, H100, 2026-12-07; its Q4_K downs run the planar int8 kernel).
+    "0.5b": [("down", Q6_K, 896, 4864), ("down", Q4_K, 896, 4864)],
 }  # fmt: skip
 SMOKE_SHAPES = [("tiny", Q4_K, 72, 768), ("tiny", Q6_K, 40, 512)]
 

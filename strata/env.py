@@ -162,22 +162,25 @@ def x_per_row() -> bool:
 
 
 def matvec_row_tiles() -> int:
-    """STRATA_MATVEC_ROW_TILES (opt-in until timed; default 1, at most 8): on the GPU kernel path, the
+    """STRATA_MATVEC_ROW_TILES (opt-in, measured slower; default 1, at most 8): on the GPU kernel path, the
     row tiles a program of Q5_0's preloaded matched matvec computes (`MatvecConfig.row_tiles`), on
     weights of at least 512 tiles (the 0.5B's gate+up: 1,216 tiles of 8 rows, which Nsight Compute ran
     in 2.3 waves at 41 % occupancy and 20 % of the DRAM bandwidth, H100). The next tile's weights are
-    loaded before the current tile is multiplied. The same bits."""
+    loaded before the current tile is multiplied. The same bits. Measured (H100, 2026-12-07, the 0.5B's
+    decode of one sequence): 2 tiles 0.980x (arms swapped 0.995x), 3 0.896x, 4 0.895x; in graphs the
+    gate+up took 7.38, 8.10 and 8.83 us a call against 6.93: the waves were not what bounds it."""
     return _integer("STRATA_MATVEC_ROW_TILES", 1, 1, 8)
 
 
 def rows_preload() -> bool:
-    """STRATA_ROWS_PRELOAD=1 (opt-in until timed): on the GPU kernel path, the row-interleaved int8
+    """STRATA_ROWS_PRELOAD=1 (opt-in, measured no faster): on the GPU kernel path, the row-interleaved int8
     matvecs (`_matvec_q4k_rows`: the 7B's Q4_K gate+up and down, the 1.5B's down; `_matvec_q6k_rows`:
     the Q6_K weights, the 7B's output head among them) load their first step's weights before the PDL
     wait, while the kernel before them runs, as the fp32 Q8_0/Q5_0 matvecs do under
     STRATA_MATVEC_PRELOAD (`RowsConfig.preload`, `Q6KRowsConfig.preload`). The same sums. Their
     launches split K up to 32 ways, so the first step is from a quarter to all of a program's weights
-    (the 7B's down: 3-4 super-blocks a program)."""
+    (the 7B's down: 3-4 super-blocks a program). Measured (H100, 2026-12-07, decode): the 7B 0.994x
+    (arms swapped 1.002x), the 1.5B 0.988x (swapped 0.966x), the 7B at 8 sequences 0.991x."""
     return _level("STRATA_ROWS_PRELOAD", "0", ("0", "1")) == "1"
 
 
@@ -221,7 +224,7 @@ def attention_prefetch() -> int:
     rows; 0, it loads nothing before the wait. The same bits at every level. Measured against 0 (H100,
     2026-12-07, decode, `strata bench ab`): the 7B 1.022x and, arms swapped, 1.013x at one sequence,
     1.002x at 8, 1.009x at 64; the 1.5B 1.075x and 1.010x swapped; the 0.5B 1.006x and 1.000x swapped,
-    0.995x at 8, 1.003x at 32k positions. Level 1 is untimed."""
+    0.995x at 8, 1.003x at 32k positions. Level 1 against tile on the 7B: 0.988x (H100, 2026-12-07)."""
     return {"0": 0, "1": 1, "tile": 2}[_level("STRATA_ATTENTION_PREFETCH", "tile", ("0", "1", "tile"))]
 
 
@@ -337,7 +340,8 @@ def decode_splits() -> tuple[int, int]:
     paged decode attention cuts a context into at most MAX_SPLITS splits, as many as give
     SPLIT_PROGRAMS (sequence, KV head, split) programs per SM (fewer on short contexts). Knobs for
     measuring long contexts (`strata bench ab` arm options), where one sequence's two KV heads give
-    the SMs one program each at the default cap."""
+    the SMs one program each at the default cap. MAX_SPLITS 128 on the 0.5B at 32k positions (H100,
+    2026-12-07): 1.054x in a first pair, then 0.994x, 0.983x and 0.988x: no gain."""
     return _integer("STRATA_MAX_SPLITS", 64, 1, 1024), _integer("STRATA_SPLIT_PROGRAMS", 2, 1, 64)
 
 
@@ -358,11 +362,12 @@ def decode_attention_launch() -> tuple[int, int, int, int]:
 
 
 def merge_warps() -> int:
-    """STRATA_MERGE_WARPS (opt-in until timed; default 0: the split kernel's STRATA_ATTN_WARPS; else a
+    """STRATA_MERGE_WARPS (opt-in, measured no faster; default 0: the split kernel's STRATA_ATTN_WARPS; else a
     power of two, as Triton launches): the warps of paged decode attention's merge kernel, one
     program a query head. Its reductions over the splits cross warps through shared memory: in the
     sm_90 build at 16 splits of head_dim 64, 5 barriers after the PDL wait at 4 warps, 3 at 2, none
-    at 1 (231, 263 and 319 instructions)."""
+    at 1 (231, 263 and 319 instructions). Measured (H100, 2026-12-07, decode of one sequence): 1 warp
+    0.959x on the 0.5B and 0.990x on the 7B, 2 warps 1.002x and 0.991x."""
     warps = _integer("STRATA_MERGE_WARPS", 0, 0, 16)
     if warps & (warps - 1):
         raise ValueError(
