@@ -92,12 +92,15 @@ def candidates(n: int, k: int, smoke: bool) -> list[RowsConfig]:
     return out
 
 
-def q6k_candidates(n: int, smoke: bool) -> list[Q6KRowsConfig]:
-    """Q6_K's rows kernel: rows 32/64/128, splits 1, 2, 4 (and 8-32 below 8,192 rows), with and without
-    the next half's quants prefetched."""
+def q6k_candidates(n: int, k: int, smoke: bool) -> list[Q6KRowsConfig]:
+    """Q6_K's rows kernel: rows 32/64/128, splits 1, 2, 4 (and 8-32 below 8,192 rows, and one half
+    a program where K has 33-64 halves: the 0.5B's down, 38 halves, whose 32 splits leave 6 with
+    two), with and without the next half's quants prefetched."""
     if smoke:
         return [Q6KRowsConfig(32, 1), Q6KRowsConfig(32, 2, True)]
+    halves = k // 128
     splits = (1, 2, 4, 8, 16, 32) if n < 8192 else (1, 2, 4)
+    splits += (halves,) if n < 8192 and 32 < halves <= 64 else ()
     return [Q6KRowsConfig(r, s, p) for r, s, p in itertools.product((32, 64, 128), splits, (False, True))]
 
 
@@ -148,7 +151,7 @@ def sweep(model: str, name: str, qtype: T, n: int, k: int, args: argparse.Namesp
         configs: list[RowsConfig | Q6KRowsConfig] = [*candidates(n, k, args.smoke), default]
     else:
         default = q6k_rows_config(n, k, ROWS, sms)  # what STRATA_Q6K_LAYOUT=rows launches
-        configs = [*q6k_candidates(n, args.smoke), default]
+        configs = [*q6k_candidates(n, k, args.smoke), default]
     for cfg in configs:
         rows, split = cfg.rows, cfg.split_k
         label = f"rows {rows} split {split}" + " prefetch" * cfg.prefetch

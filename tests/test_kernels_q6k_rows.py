@@ -82,6 +82,8 @@ def against_int8_kernel(n: int, k: int, m: int, rows: int, split: int, prefetch:
         (33, 1, 3, 32, 2, False, True),
         (96, 3, 2, 32, 3, True, False),
         (70, 2, 16, 64, 1, True, False),
+        (40, 3, 1, 32, 6, False, False),  # one half a program (as the 0.5B's down at split 38)
+        (40, 3, 1, 32, 4, True, False),  # 2 halves a split: the last split empty
     ],
 )
 def test_q6k_rows_kernel_matches_the_int8_kernel(n, blocks, m, rows, split, prefetch, bias):
@@ -89,8 +91,10 @@ def test_q6k_rows_kernel_matches_the_int8_kernel(n, blocks, m, rows, split, pref
 
 
 @cuda_only
-@pytest.mark.parametrize("n,k", [(3584, 18944), (512, 3584), (1536, 8960)])
-@pytest.mark.parametrize("rows,split,prefetch", [(64, 1, False), (128, 4, True), (32, 32, True)])
+@pytest.mark.parametrize("n,k", [(3584, 18944), (512, 3584), (1536, 8960), (896, 4864)])
+@pytest.mark.parametrize(
+    "rows,split,prefetch", [(64, 1, False), (128, 4, True), (32, 32, True), (64, 38, False)]
+)
 @pytest.mark.parametrize("m", [1, 4])
 def test_q6k_rows_kernel_model_shapes_cuda(n: int, k: int, rows: int, split: int, prefetch: bool, m: int):
     against_int8_kernel(n, k, m, rows, split, prefetch, bias=False)
