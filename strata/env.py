@@ -172,6 +172,15 @@ def matvec_row_tiles() -> int:
     return _integer("STRATA_MATVEC_ROW_TILES", 1, 1, 8)
 
 
+def q6k_halves() -> int:
+    """STRATA_Q6K_HALVES (opt-in until timed; default 0, at most 64): on the GPU kernel path, how many
+    128-element halves of a super-block a program of Q6_K's row-interleaved int8 matvec takes (K split
+    into that many halves a split); 0: `q6k_rows_config`'s rule, splits in powers of two up to 32. On
+    the 0.5B's down (38 halves), that rule runs 19 programs of two halves a row group (and 13 empty),
+    1 runs 38 of one, each walking one half: for its 7.5 % occupancy in Nsight Compute (H100)."""
+    return _integer("STRATA_Q6K_HALVES", 0, 0, 64)
+
+
 def rows_preload() -> bool:
     """STRATA_ROWS_PRELOAD=1 (opt-in, measured no faster): on the GPU kernel path, the row-interleaved int8
     matvecs (`_matvec_q4k_rows`: the 7B's Q4_K gate+up and down, the 1.5B's down; `_matvec_q6k_rows`:

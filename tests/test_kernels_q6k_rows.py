@@ -183,6 +183,11 @@ def test_q6k_rows_config_fills_the_gpu():
     assert q6k_rows_config(512, 3584, 64, 132) == Q6KRowsConfig(64, 32, False)
     assert q6k_rows_config(3584, 18944, 64, 132) == Q6KRowsConfig(64, 32, False)
     assert q6k_rows_config(152064, 3584, 64, 132) == Q6KRowsConfig(64, 1, True)
+    # STRATA_Q6K_HALVES: halves a program; the 0.5B's down has 38 halves
+    assert q6k_rows_config(896, 4864, 64, 132) == Q6KRowsConfig(64, 32, False)
+    assert q6k_rows_config(896, 4864, 64, 132, 1) == Q6KRowsConfig(64, 38, False)
+    assert q6k_rows_config(896, 4864, 64, 132, 3) == Q6KRowsConfig(64, 13, False)
+    assert q6k_rows_config(896, 4864, 64, 132, 64) == Q6KRowsConfig(64, 1, True)
     assert q6k_rows_config(64, 256, 64, 132).split_k == 2
 
 

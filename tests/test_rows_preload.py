@@ -124,3 +124,22 @@ def test_setting_reaches_the_launch(monkeypatch, qtype, module, kernel):
     monkeypatch.setenv("STRATA_ROWS_PRELOAD", "1")
     assert torch.equal(quant_matvec(x, packed, qtype, n, k), want)
     assert [launch["PRELOAD"] for launch in recorder.launches] == [False, True]
+
+
+def test_q6k_halves_reach_the_launch(monkeypatch):
+    # STRATA_Q6K_HALVES on quant_matvec's rows path. 6 halves, one row group: the default rule splits
+    # 8 ways, one half each and 2 splits empty; 1 half a split gives 6 splits of the same halves, the
+    # same sums (an empty split adds zeros); 2 give 3, summed in another order.
+    recorder = LaunchRecorder(q6k_kernel.q6_k_rows_int8_matvec_kernel)
+    monkeypatch.setattr(q6k_kernel, "q6_k_rows_int8_matvec_kernel", recorder)
+    n, k = 40, k_for(T.Q6_K, 3)
+    _, packed = q6k_layouts(n, k, seed=7)
+    x = torch.randn(1, k, device=DEVICE).bfloat16()
+    monkeypatch.delenv("STRATA_Q6K_HALVES", raising=False)
+    want = quant_matvec(x, packed, T.Q6_K, n, k)
+    monkeypatch.setenv("STRATA_Q6K_HALVES", "1")
+    assert torch.equal(quant_matvec(x, packed, T.Q6_K, n, k), want)
+    monkeypatch.setenv("STRATA_Q6K_HALVES", "2")
+    got = quant_matvec(x, packed, T.Q6_K, n, k)
+    torch.testing.assert_close(got, want, rtol=2 * torch.finfo(torch.bfloat16).eps, atol=1e-3)
+    assert [grid[1] for grid in recorder.grids] == [8, 6, 3]

@@ -44,6 +44,7 @@ ENV_OPTIONS = {
     "merge_warps": "STRATA_MERGE_WARPS",
     "rows_preload": "STRATA_ROWS_PRELOAD",
     "matvec_row_tiles": "STRATA_MATVEC_ROW_TILES",
+    "q6k_halves": "STRATA_Q6K_HALVES",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

@@ -35,14 +35,20 @@ class Q6KRowsConfig:
     preload: bool = False
 
 
-def q6k_rows_config(n: int, k: int, rows: int, num_sms: int) -> Q6KRowsConfig:
+def q6k_rows_config(n: int, k: int, rows: int, num_sms: int, halves_a_split: int = 0) -> Q6KRowsConfig:
     """The launch for an (n, k) Q6_K weight regrouped by `rows` rows: K split (in powers of two) until
     about 16 warps per SM are launched, at most 32 ways and at most one a half; prefetch only
     unsplit. From the H100 sweep (RESULTS.md, fourteenth session) at 64 rows: the 7B's v (8 groups)
     and down (56) ran best split 32 (3.59 and 24.38 us; 16: 4.42 and 24.81), its output head (2,376
-    groups) unsplit with prefetch (151.8 us; without 157.9 at 32 rows); this rule picks each."""
-    per_split = -(-n // rows) * (rows // 32)
+    groups) unsplit with prefetch (151.8 us; without 157.9 at 32 rows); this rule picks each.
+    `halves_a_split` (STRATA_Q6K_HALVES; 0: that rule) splits K so that a program takes that many
+    halves: `split_range` gives each split cdiv(halves, split), so the rule's 32 splits of the 0.5B's
+    38 halves are 19 programs of two halves and 13 empty ones, where 1 gives 38 of one."""
     halves = k // 128
+    if halves_a_split:
+        split = -(-halves // halves_a_split)
+        return Q6KRowsConfig(rows, split, prefetch=split == 1)
+    per_split = -(-n // rows) * (rows // 32)
     cap = min(32, 1 << (halves - 1).bit_length())
     split = 1
     while split < cap and per_split * split < 16 * num_sms:

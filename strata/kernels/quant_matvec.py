@@ -426,7 +426,8 @@ def _rows_matvec(
             workspace=workspace(cfg.split_k),
         )  # fmt: skip
     else:
-        cfg6 = replace(q6k_rows_config(w.n, w.k, w.rows_group, num_sms), preload=env.rows_preload())
+        cfg6 = q6k_rows_config(w.n, w.k, w.rows_group, num_sms, env.q6k_halves())
+        cfg6 = replace(cfg6, preload=env.rows_preload())
         q6_k_rows_int8_matvec(
             xq[0], xq[1], w.planes, w.n, w.k, out, cfg6, bias=bias, accumulate=accumulate, use_asm=asm,
             workspace=workspace(cfg6.split_k),
