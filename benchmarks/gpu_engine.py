@@ -36,6 +36,10 @@ from strata.gguf.reader import GGUFFile
 from strata.synth.layouts import load_layout
 from strata.synth.writer import write_layout
 
+sys.path.insert(0, str(Path(__file__).parent))  # benchmarks/, also when imported by the tests
+from gpu_kernels import copy_ceiling_gbs  # noqa: E402
+from weight_traffic import bandwidth_lines, bytes_by_kernel  # noqa: E402
+
 # llama.cpp on the same H200 (../shared/GPU.md): tok/s.
 PEER = {
     ("0.5b", "decode"): 894, ("1.5b", "decode"): 585, ("7b", "decode"): 263,
@@ -170,6 +174,10 @@ def profile_kernels(folder: Path, short: str, out: Path | None, prefill: int = 0
     what = f"prefill of {prefill}" if prefill else f"step of {batch} sequence(s) ({steps} steps)"
     lines = [f"{short}: {total:,.0f} us of kernels and {len(kernels) / steps:,.0f} launches per {what}"]
     lines += [f"  {sum(t) / steps:8.1f} us {len(t) / steps:6.1f}x  {name[:90]}" for name, t in ranked[:16]]
+    if not prefill and batch == 1:  # each matvec kernel's weights against its time
+        us_a_step = {name: sum(t) / steps for name, t in by_name.items()}
+        ceiling = copy_ceiling_gbs("cuda", False)
+        lines += ["", *bandwidth_lines(us_a_step, bytes_by_kernel(packed_weights(run)), ceiling)]
     step = [] if prefill else one_step(events, ends)
     if step:
         order = f"in order (the first 32 and the last 8 of {len(step)})"
@@ -182,6 +190,13 @@ def profile_kernels(folder: Path, short: str, out: Path | None, prefill: int = 0
         table = prof.key_averages().table(row_limit=60)
         name = f"profile_{short}{'_prefill' if prefill else ''}{f'_b{batch}' if batch > 1 else ''}.txt"
         (out / name).write_text(text + "\n\n" + table + "\n\n" + "\n".join(step))
+
+
+def packed_weights(run: StrataRunner) -> list:
+    """The packed weights of the runner's model that decode matvecs read (its QuantLinear layers')."""
+    from strata.layers.linear import QuantLinear
+
+    return [m.packed for m in run.llm.model.modules() if isinstance(m, QuantLinear) and m.packed is not None]
 
 
 def device_events(prof: torch.profiler.profile) -> tuple[list, list[int]]:
