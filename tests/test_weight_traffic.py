@@ -68,3 +68,30 @@ def test_bandwidth_lines():
         ("a", "2.0", "1.0", "500", "25.0%"),
         ("c", "0.0", "0.0", "nan", "nan%"),  # no time recorded for it
     ]
+
+
+def test_a_models_weights_are_each_counted(tmp_path, monkeypatch):
+    # The tiny 0.5B layout on the kernel path (Triton's interpreter): its QuantLinear layers' packed
+    # weights (q, k and v stacked where their types match) hold every projection and the untied output
+    # head, as many bytes as the file's (Q4_K's planar planes 148 for its 144), the embedding not.
+    from strata.gguf.reader import GGUFFile
+    from strata.gguf.spec import ModelSpec
+    from strata.layers.linear import QuantLinear
+    from strata.models import build_model
+    from strata.synth.layouts import load_layout
+    from strata.synth.writer import write_layout
+
+    monkeypatch.setenv("STRATA_TRITON_ON_CPU", "1")
+    path = tmp_path / "m.gguf"
+    write_layout(path, load_layout("qwen2.5-0.5b-tiny"), seed=0)
+    gguf = GGUFFile(path)
+    model = build_model(gguf, ModelSpec.from_gguf(gguf), dtype=torch.bfloat16, device=DEVICE)
+    packed = [m.packed for m in model.modules() if isinstance(m, QuantLinear) and m.packed is not None]
+    read = bytes_by_kernel(packed)
+    want = 0
+    for t in gguf.tensors.values():
+        if len(t.shape) == 2 and t.name != "token_embd.weight" and t.qtype not in (T.F32, T.F16, T.BF16):
+            want += t.nbytes * 148 // 144 if t.qtype == T.Q4_K else t.nbytes
+    assert sum(read.values()) == want
+    head = gguf.tensors["output.weight"]
+    assert head.qtype == T.Q8_0 and read["q8_0_matvec_kernel"] >= head.nbytes
