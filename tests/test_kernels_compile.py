@@ -68,3 +68,25 @@ def test_sass_after_wait_reads_the_wait(tmp_path):
         barriers["q5_0_matvec_kernel M=1 split=1 pdl preload matched"]
         < barriers["q5_0_matvec_kernel M=1 split=1 pdl preload"]
     )
+
+
+def test_no_jit_function_has_a_str_default():
+    # The GPU machine's Triton 3.6 cannot compile a jit function whose parameter defaults to a str
+    # ("'str' object has no attribute 'type'"; 3.9 can), which broke every decode attention there.
+    # The compile check above meets only the variants it lists; this reads every kernel module.
+    import ast
+
+    kernels = pathlib.Path(__file__).resolve().parent.parent / "strata" / "kernels"
+    found = []
+    for path in sorted(kernels.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            if not any("jit" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            args = node.args.args[len(node.args.args) - len(node.args.defaults) :]
+            for arg, default in zip(args, node.args.defaults, strict=True):
+                if isinstance(default, ast.Constant) and isinstance(default.value, str):
+                    found.append(f"{path.name}: {node.name}({arg.arg}={default.value!r})")
+    assert len(list(kernels.glob("*.py"))) > 20
+    assert not found, f"pass these at every call instead of a default: {found}"
