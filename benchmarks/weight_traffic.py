@@ -14,30 +14,30 @@ from collections.abc import Iterable
 
 from gguf.constants import GGMLQuantizationType
 
-from strata import env
+from strata.kernels import quant_matvec as qm
+from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec_kernel
+from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec_kernel
+from strata.kernels.int8_inputs import int8_order
 from strata.kernels.quant_pack import PackedQuantWeight
 
 _T = GGMLQuantizationType
-_FP32_X = {
-    _T.Q8_0: "q8_0_matvec_kernel", _T.Q5_0: "q5_0_matvec_kernel", _T.Q4_0: "q4_0_matvec_kernel",
-    _T.Q4_K: "q4_k_matvec_kernel", _T.Q6_K: "q6_k_matvec_kernel", _T.Q2_K: "q2_k_matvec_kernel",
-    _T.IQ4_XS: "iq4_xs_matvec_kernel", _T.IQ2_XS: "iq2_xs_matvec_kernel", _T.IQ2_S: "iq2_s_matvec_kernel",
-}  # fmt: skip
+# The kernels `quant_matvec`'s branches launch beyond its table `_KERNELS`: int8 x (`_int8_matvec`)
+# and the "rows" layouts (`_rows_matvec`).
 _INT8_X = {
-    _T.Q4_K: "q4_k_int8_matvec_kernel", _T.Q6_K: "q6_k_int8_matvec_kernel",
-    _T.Q8_0: "legacy_int8_matvec_kernel", _T.Q5_0: "legacy_int8_matvec_kernel",
+    _T.Q4_K: qm.q4_k_int8_matvec_kernel, _T.Q6_K: qm.q6_k_int8_matvec_kernel,
+    _T.Q8_0: qm.legacy_int8_matvec_kernel, _T.Q5_0: qm.legacy_int8_matvec_kernel,
 }  # fmt: skip
-_ROWS = {_T.Q4_K: "q4_k_rows_int8_matvec_kernel", _T.Q6_K: "q6_k_rows_int8_matvec_kernel"}
+_ROWS = {_T.Q4_K: q4_k_rows_int8_matvec_kernel, _T.Q6_K: q6_k_rows_int8_matvec_kernel}
 
 
-def matvec_kernel(w: PackedQuantWeight, int8_types: frozenset[str]) -> str:
-    """The name of the kernel that multiplies one row of 16-bit x by `w` (`int8_types`: STRATA_INT8_X's)."""
-    if w.layout == "rows":
-        return _ROWS[w.qtype]
-    int8 = w.qtype.name in int8_types and w.qtype in _INT8_X and (w.qtype != _T.Q4_K or w.planar)
-    if int8:
-        return _INT8_X[w.qtype]
-    return "q4_k_planar_matvec_kernel" if w.planar else _FP32_X[w.qtype]
+def matvec_kernel(w: PackedQuantWeight) -> str:
+    """The name of the kernel that multiplies one row of 16-bit x by `w`, as `quant_matvec` picks it:
+    int8 x where `int8_order` says so (the "rows" layouts by their own kernels), else its table."""
+    if int8_order(w) is None:
+        kernel = (qm._Q4_K_PLANAR if w.planar else qm._KERNELS[w.qtype])[0]
+    else:
+        kernel = (_ROWS if w.layout == "rows" else _INT8_X)[w.qtype]
+    return kernel.fn.__name__
 
 
 def bytes_by_kernel(weights: Iterable[PackedQuantWeight]) -> dict[str, int]:
@@ -45,12 +45,11 @@ def bytes_by_kernel(weights: Iterable[PackedQuantWeight]) -> dict[str, int]:
     embedding's planes, which the lookup reads only a row of)."""
     seen: set[int] = set()
     out: dict[str, int] = {}
-    int8_types = env.int8_x_types()
     for w in weights:
         if w.planes[0].data_ptr() in seen:
             continue
         seen.add(w.planes[0].data_ptr())
-        name = matvec_kernel(w, int8_types)
+        name = matvec_kernel(w)
         out[name] = out.get(name, 0) + w.nbytes
     return out
 
