@@ -292,6 +292,11 @@ def main() -> int:
     p.add_argument("--tiles", default="", help="only matvec tiles BLOCK_NxBLOCK_K, e.g. 8x2048,8x1024")
     p.add_argument("--splits", default="", help="also each matvec tile at these K splits, e.g. 2,3,4")
     p.add_argument("--calls", type=int, default=40)
+    p.add_argument(
+        "--resident",
+        action="store_true",
+        help="every call on one copy of the weight, held in L2 (STRATA_L2_WARM's best case)",
+    )
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     args = p.parse_args()
@@ -304,7 +309,7 @@ def main() -> int:
     for model, name, qtype, n, k, layout in shapes:
         raw = random_weight(qtype, n, k, device, gen)
         nbytes = raw.numel()
-        copies = 1 if args.smoke else max(1, min(args.calls, math.ceil(240e6 / nbytes)))
+        copies = 1 if args.smoke or args.resident else max(1, min(args.calls, math.ceil(240e6 / nbytes)))
         # Q6_K in blocks: the tiles a MatvecConfig launches (its rows kernel: gpu_q4k_rows.py --types Q6_K).
         weights = [
             pack_quant_weight(raw.clone() if i else raw, qtype, n, k, layout, q6k_layout="blocks")
