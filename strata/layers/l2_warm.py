@@ -73,7 +73,6 @@ class L2Warmer:
         device = next(p for b in blocks for p in b.parameters()).device
         windows = warm_windows([weight_ranges(b) for b in blocks], weight_ranges(head), ahead)
         self.tables = [chunk_table(w, device) for w in windows]
-        self.bytes = [sum(n for _, n in w) for w in windows]
         self.side = torch.cuda.Stream(device)
         self.matvec_rows = matvec_rows
 
@@ -100,11 +99,11 @@ class L2Warmer:
         step (so the branch starts at this point of the graph)."""
         from strata.kernels.l2_warm import warm_l2
 
-        main = torch.cuda.current_stream()
+        main = torch.cuda.current_stream(self.side.device)
         self.side.wait_stream(main)
         with torch.cuda.stream(self.side):
             warm_l2(self.tables[block])
 
     def join(self) -> None:
         """After the last block: the step waits for the branch (a graph's branches must rejoin)."""
-        torch.cuda.current_stream().wait_stream(self.side)
+        torch.cuda.current_stream(self.side.device).wait_stream(self.side)
