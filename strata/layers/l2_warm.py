@@ -66,11 +66,11 @@ def _slice(pieces: list[tuple[int, int, int]], lo: int, hi: int) -> Ranges:
 class L2Warmer:
     """A model's warm windows as device tables, and the side stream that launches them."""
 
-    def __init__(self, blocks: Iterable[nn.Module], head: nn.Module, ahead: int, matvec_rows: int) -> None:
+    def __init__(
+        self, blocks: list[nn.Module], head: nn.Module, ahead: int, matvec_rows: int, device: torch.device
+    ) -> None:
         from strata.kernels.l2_warm import chunk_table
 
-        blocks = list(blocks)
-        device = next(p for b in blocks for p in b.parameters()).device
         windows = warm_windows([weight_ranges(b) for b in blocks], weight_ranges(head), ahead)
         self.tables = [chunk_table(w, device) for w in windows]
         self.side = torch.cuda.Stream(device)
@@ -83,12 +83,12 @@ class L2Warmer:
         """A warmer where it can run (`ahead` > 0, the weights on a CUDA GPU of compute capability
         9.0 or later: the bulk prefetch is Hopper's), else None."""
         blocks = list(blocks)
-        params = [p for b in blocks for p in b.parameters()]
-        if ahead <= 0 or not params or params[0].device.type != "cuda":
+        device = next((p.device for b in blocks for p in b.parameters()), None)
+        if ahead <= 0 or device is None or device.type != "cuda":
             return None
-        if torch.cuda.get_device_capability(params[0].device) < (9, 0):
+        if torch.cuda.get_device_capability(device) < (9, 0):
             return None
-        return cls(blocks, head, ahead, matvec_rows)
+        return cls(blocks, head, ahead, matvec_rows, device)
 
     def applies(self, x: torch.Tensor) -> bool:
         """Whether a step of hidden states `x` warms: a decode step (rows a matvec takes)."""
