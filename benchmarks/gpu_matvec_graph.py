@@ -118,7 +118,8 @@ def configs(
         ]
     planar = layout == "planar"
     unit = 32 if planar else 128 if qtype == T.Q6_K else 64 if qtype == T.Q4_K else 32
-    steps = (256, 512, 1024, 2048) if planar else (256, 512, 1024)
+    # 4,096 (planar, 8 rows): the 7B's K = 3,584 in one step, so `preload` holds all of a program's weights.
+    steps = (256, 512, 1024, 2048, 4096) if planar else (256, 512, 1024)
     out: list[Config] = []
     for bn, bk, warps in itertools.product((8, 16, 32, 64), steps, (4, 8)):
         if bk % unit or bn * bk > (32768 if planar else 16384):

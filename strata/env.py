@@ -151,6 +151,15 @@ def matvec_preload() -> str:
     return _level("STRATA_MATVEC_PRELOAD", "matched", ("0", "1", "matched"))
 
 
+def matvec_one_step() -> int:
+    """STRATA_MATVEC_ONE_STEP (opt-in, untimed; 0: off, else the warps, 4 or 8): on the GPU kernel
+    path, Q4_K's planar int8 matvec of one row with K of 2,049-4,096 (the 7B's q+k+v and o, K =
+    3,584: two 2,048-element steps at the default tile) takes all of K in one 8 x 4,096 step, its
+    weights loaded before the PDL wait (`MatvecConfig.preload`), so that the weights' read overlaps
+    the kernel before: the same sums as the default's, in the same order per row."""
+    return int(_level("STRATA_MATVEC_ONE_STEP", "0", ("0", "4", "8")))
+
+
 def x_per_row() -> bool:
     """STRATA_X_PER_ROW=1 (opt-in): on the GPU kernel path, Q4_K's int8 matvec at its
     default tile for one row (8 x 2,048 on weights of 2,048-65,535 rows: the 7B's and the 1.5B's)

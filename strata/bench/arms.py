@@ -39,6 +39,7 @@ ENV_OPTIONS = {
     "widen_to_stack": "STRATA_WIDEN_TO_STACK",
     "matvec_preload": "STRATA_MATVEC_PRELOAD",
     "x_per_row": "STRATA_X_PER_ROW",
+    "matvec_one_step": "STRATA_MATVEC_ONE_STEP",
     "attention_prefetch": "STRATA_ATTENTION_PREFETCH",
     "attention_merge": "STRATA_ATTENTION_MERGE",
     "merge_warps": "STRATA_MERGE_WARPS",

@@ -22,13 +22,22 @@ _T = GGMLQuantizationType
 # STRATA_MATVEC_ROW_TILES applies to weights of this many row tiles and more: about four programs an
 # SM (the 0.5B's gate+up has 1,216, its q+k+v 144).
 ROW_TILES_FROM = 512
+# STRATA_MATVEC_ONE_STEP: the K (exclusive, inclusive) whose Q4_K planar int8 matvec takes one step of
+# the upper bound, two at the default tile's 2,048 (the 7B's 3,584).
+ONE_STEP_K = (2048, 4096)
 
 
 def env_tile(cfg: MatvecConfig, w: PackedQuantWeight, m: int, int8_x: bool) -> MatvecConfig:
     """The tile a launch without a config runs for `m` rows of x by `w` (packed once), from
-    `default_config`'s `cfg`: STRATA_MATVEC_PRELOAD's `preload_tile` for one row."""
+    `default_config`'s `cfg`: STRATA_MATVEC_ONE_STEP's one preloaded step on Q4_K's planar int8 matvec
+    where it applies, else STRATA_MATVEC_PRELOAD's `preload_tile`, for one row."""
+    if m != 1:
+        return cfg
+    warps = env.matvec_one_step()
+    if int8_x and warps and w.planar and w.layout != "rows" and ONE_STEP_K[0] < w.k <= ONE_STEP_K[1]:
+        return replace(cfg, block_n=8, block_k=ONE_STEP_K[1], split_k=1, num_warps=warps, preload=True)
     preload = env.matvec_preload()
-    if m != 1 or preload == "0":
+    if preload == "0":
         return cfg
     return preload_tile(cfg, w, int8_x, matched=preload == "matched")
 
