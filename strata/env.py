@@ -126,6 +126,17 @@ def quant_in_norm() -> bool:
     return _level("STRATA_QUANT_IN_NORM", "1", ("0", "1")) == "1"
 
 
+def quant_in_merge() -> bool:
+    """STRATA_QUANT_IN_MERGE (default 1): on the GPU kernel path, the merge kernel of decode attention
+    also quantizes each head's output to int8 for an o projection that multiplies int8 x (Q4_K, as in
+    the 1.5B and 7B; up to STRATA_MATVEC_ROWS rows), as STRATA_QUANT_IN_NORM does for the norms'
+    consumers: the same values bit for bit, the o projection's `quantize_x` launch fewer where a merge
+    kernel runs (more than one split). Measured (H100, 2026-12-07, decode of one sequence, the same
+    ids): 1.5B 1.010x (swapped 1.026x), 7B 0.998x (swapped 1.007x). 0 quantizes in the o projection's
+    own launch."""
+    return _level("STRATA_QUANT_IN_MERGE", "1", ("0", "1")) == "1"
+
+
 def norm_in_matvec() -> bool:
     """STRATA_NORM_IN_MATVEC=1 (opt-in until timed): on the GPU kernel path, a decode step of one
     sequence (one row) runs each llama-style block's two RMSNorms inside the loads of the projections

@@ -1,13 +1,33 @@
 """The merge of split-K paged decode attention (`paged_attention`): a head's partials merged by
-log-sum-exp into its output, by a second kernel or (`_merge_in_split`) by the head group's last split
+log-sum-exp into its output, by a second kernel (which can also quantize the output for the o
+projection's int8 matvec: `merge_quantization`) or (`_merge_in_split`) by the head group's last split
 to finish; and `_live_splits`, the rule both apply for how many of the splits a context fills."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
+from strata.kernels._int8_x import Int8X, store_int8
+from strata.kernels.int8_inputs import use_asm
 from strata.kernels.pdl import await_inputs
+
+
+def merge_quantization(out: torch.Tensor, order: bool | None) -> tuple[dict, Int8X | None]:
+    """The merge kernel's arguments that make it quantize `out` (batch, heads, head_dim) for an int8
+    matvec reading its rows in `order` (`int8_inputs.int8_order`), and the buffers it fills in
+    `quantize_x`'s layout; nothing where `order` is None or the head dim is not a power of two of 32
+    or more (a head's sub-blocks are then not the program's own)."""
+    batch, heads, dim = out.shape
+    if order is None or dim < 32 or dim & (dim - 1):
+        return {}, None
+    subs = heads * dim // 32
+    xq = torch.empty(batch, subs * 8, dtype=torch.int32, device=out.device)
+    xd = torch.empty(batch, subs, dtype=torch.float32, device=out.device)
+    xs = torch.empty_like(xd)
+    quant = dict(xq_ptr=xq, xd_ptr=xd, xs_ptr=xs, QUANT=True, PLANAR=order, USE_ASM=use_asm(out))
+    return quant, (xq, xd, xs)
 
 
 @triton.jit
@@ -27,24 +47,42 @@ def _merge_kernel(
     NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr, MERGE_CHUNK: tl.constexpr = 64,
     PDL: tl.constexpr = False,
+    xq_ptr=None, xd_ptr=None, xs_ptr=None, QUANT: tl.constexpr = False, PLANAR: tl.constexpr = True,
+    USE_ASM: tl.constexpr = False,
 ):  # fmt: skip
+    """QUANT (STRATA_QUANT_IN_MERGE): the program also quantizes head h's output, as rounded to out's
+    dtype, for the int8 matvec of the o projection (`_int8_x.store_int8`, `quantize_x`'s layout for
+    rows of NUM_HEADS * D, in Q4_K's planar order or with PLANAR off in element order): merged here,
+    or, where one split wrote it itself, read back. D a power of two of 32 and more."""
     await_inputs(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     _, live = _live_splits(tl.load(context_lens_ptr + b), window, num_splits, min_split_len, HAS_WINDOW)
+    idim = tl.arange(0, D_PAD)
+    out_at = out_ptr + b * stride_ob + h * stride_oh + idim
+    out = tl.zeros((D_PAD,), tl.float32)
     if live > 1:  # one split wrote the output itself
-        if S_PAD <= MERGE_CHUNK:
-            _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits,
-                   stride_ob, stride_oh, NUM_HEADS, D, D_PAD, S_PAD)  # fmt: skip
+        if S_PAD <= MERGE_CHUNK:  # noqa: SIM108 (Triton: constexprs stay so only as plain arguments)
+            out = _merge(part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, NUM_HEADS, D_PAD,
+                         S_PAD)  # fmt: skip
         else:
-            _merge_chunks(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits,
-                          stride_ob, stride_oh, NUM_HEADS, D, D_PAD, MERGE_CHUNK)  # fmt: skip
+            out = _merge_chunks(part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, NUM_HEADS,
+                                D_PAD, MERGE_CHUNK)  # fmt: skip
+        tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=idim < D)
+    if QUANT:
+        written = tl.load(out_at, mask=(idim < D) & (idim * 0 + live == 1), other=0.0)
+        x = tl.where(live > 1, out.to(out_ptr.dtype.element_ty), written).to(tl.float32)
+        NSUB: tl.constexpr = D // 32
+        subs = h * NSUB + tl.arange(0, NSUB)
+        n_sub = NUM_HEADS * NSUB
+        store_int8(tl.reshape(x, (NSUB, 32)), subs, subs < n_sub, xq_ptr + b * n_sub * 8, xd_ptr + b * n_sub,
+                   xs_ptr + b * n_sub, NSUB, PLANAR, USE_ASM)  # fmt: skip
 
 
 @triton.jit
-def _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, stride_ob, stride_oh,
-           NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr):  # fmt: skip
-    """Head h of sequence b: its `live` partials merged by log-sum-exp into the output."""
+def _merge(part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits,
+           NUM_HEADS: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr):  # fmt: skip
+    """Head h of sequence b: its `live` partials merged by log-sum-exp, (D_PAD,) fp32."""
     isp = tl.arange(0, S_PAD)
     idim = tl.arange(0, D_PAD)
     sm = isp < live
@@ -57,14 +95,13 @@ def _merge(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits
     m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
     w = tl.exp2(m - m_ref)
     den = tl.sum(w * l_s, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(den > 0, den, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + idim, out.to(out_ptr.dtype.element_ty), mask=idim < D)
+    return tl.sum(acc * w[:, None], 0) / tl.where(den > 0, den, 1.0)
 
 
 @triton.jit
 def _merge_chunks(
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits, stride_ob, stride_oh,
-    NUM_HEADS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, b, h, live, num_splits,
+    NUM_HEADS: tl.constexpr, D_PAD: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """`_merge` over more splits than one (CHUNK, D_PAD) tile holds in registers: the largest running
     max first, then the weighted sums chunk by chunk."""
@@ -86,8 +123,7 @@ def _merge_chunks(
         acc_at = part_acc_ptr + (row0 + isp)[:, None] * D_PAD + idim[None, :]
         acc = tl.load(acc_at, mask=sm[:, None], other=0.0)
         num += tl.sum(acc * w[:, None], 0)
-    out = num / tl.where(den > 0, den, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + idim, out.to(out_ptr.dtype.element_ty), mask=idim < D)
+    return num / tl.where(den > 0, den, 1.0)
 
 
 @triton.jit

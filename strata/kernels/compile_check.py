@@ -268,6 +268,12 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
     out.append(
         ("attention merge in chunks", _merge_kernel, dict(heads, S_PAD=256, HAS_WINDOW=True), pointers)
     )
+    # The o projection's int8 x made in the merge (STRATA_QUANT_IN_MERGE), the 7B's heads, both orders.
+    quant = {**pointers, "xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*fp32"}
+    for planar in (True, False):
+        consts = dict(heads, NUM_HEADS=28, D=128, D_PAD=128, S_PAD=64, HAS_WINDOW=False, QUANT=True)
+        consts.update(PLANAR=planar, USE_ASM=True)
+        out.append((f"attention merge quant planar={planar}", _merge_kernel, consts, quant))
     return out
 
 

@@ -33,7 +33,13 @@ import triton
 import triton.language as tl
 
 from strata import env
-from strata.kernels._paged_attention_merge import _live_splits, _merge_in_split, _merge_kernel
+from strata.kernels._paged_attention_merge import (
+    _live_splits,
+    _merge_in_split,
+    _merge_kernel,
+    merge_quantization,
+)
+from strata.kernels.int8_inputs import attach_int8
 from strata.kernels.pdl import await_inputs, launch_args, prefetch_weights
 from strata.kernels.rotary_kv import NewKV, rope_channels, rope_cos_sin, rope_rotate
 from strata.kernels.split_locks import split_locks
@@ -347,6 +353,7 @@ def paged_decode_attention(
     num_warps: int = 4,
     num_stages: int | None = None,
     merge_warps: int | None = None,
+    int8_order: bool | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context; returns (batch, heads, head_dim).
 
@@ -372,7 +379,9 @@ def paged_decode_attention(
     pipelining depth; None: Triton's default) and `merge_warps` (the merge kernel's; None:
     `num_warps`) are launch choices: the same result up to rounding
     (block_t moves the online softmax's rescaling points). Without `block_t`, `default_launch` picks
-    it and (unless given) the stages.
+    it and (unless given) the stages. `int8_order` (STRATA_QUANT_IN_MERGE): the merge kernel, where
+    one runs, also quantizes the output for an int8 matvec in that order, attached to it
+    (`int8_inputs.attach_int8`; `merge_quantization`).
     """
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -473,13 +482,15 @@ def paged_decode_attention(
         **({} if num_stages is None else {"num_stages": num_stages}),
         **launch_args(q.device),
     )  # fmt: skip
+    int8 = None
     if num_splits > 1 and not merge_in_split:
+        quant, int8 = merge_quantization(out, int8_order)
         _merge_kernel[(batch, num_heads)](
             out, part_m, part_l, part_acc, context_lens, window or 0, num_splits, min_split_len,
             out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=s_pad,
-            HAS_WINDOW=window is not None,
+            HAS_WINDOW=window is not None, **quant,
             num_warps=merge_warps or num_warps,
             **launch_args(q.device),
         )  # fmt: skip
-    return out
+    return out if int8 is None else attach_int8(out, {bool(int8_order): int8})

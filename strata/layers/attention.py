@@ -14,6 +14,7 @@ from strata.layers.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
     from strata.kernels.rotary_kv import NewKV
+    from strata.layers.linear import QuantLinear
 
 
 class Attention(nn.Module):
@@ -34,6 +35,19 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.num_heads, self.num_kv_heads = layer, num_heads, num_kv_heads
         self.scale, self.window, self.rotary, self.fused = scale, window, rotary, fused
+        # The int8 order of the projection the decode output feeds (see `quantize_for`); None: none.
+        self.int8_order: bool | None = None
+        self.matvec_rows = 0
+
+    def quantize_for(self, output: QuantLinear) -> None:
+        """With STRATA_QUANT_IN_MERGE=1 on the kernel path, decode outputs of up to STRATA_MATVEC_ROWS
+        rows come with their int8 quantization for `output` (the o projection, if it multiplies int8
+        x), made by the attention's merge kernel and found by its matvec (`int8_inputs.attached_int8`)."""
+        if self.fused and env.quant_in_merge() and output.packed is not None and output.pad is None:
+            from strata.kernels.int8_inputs import int8_order
+
+            self.int8_order = int8_order(output.packed)
+            self.matvec_rows = env.kernel_row_limits()[0]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, meta: AttentionMetadata
@@ -89,8 +103,16 @@ class Attention(nn.Module):
             max_splits=paged.max_splits or max_splits, programs_per_sm=programs_per_sm, split_len=split_len,
             block_t=paged.block_t or block_t or None, num_warps=warps, merge_warps=env.merge_warps() or None,
             num_stages=paged.num_stages or stages or None,
+            int8_order=self.int8_order if self._quantizes(q) else None,
         )  # fmt: skip
-        return out.flatten(1)
+        from strata.kernels.int8_inputs import attach_int8, attached_int8
+
+        int8 = attached_int8(out)
+        return out.flatten(1) if int8 is None else attach_int8(out.flatten(1), int8)
+
+    def _quantizes(self, q: torch.Tensor) -> bool:
+        """Whether the decode output of q's rows feeds an int8 matvec: 16-bit rows, few enough."""
+        return q.shape[0] <= self.matvec_rows and q.dtype != torch.float32
 
     def _paged_prefill(self, q: torch.Tensor, kv: KVCache, paged: PagedPrefill) -> torch.Tensor:
         from strata.kernels.paged_prefill_attention import paged_prefill_attention  # needs triton

@@ -43,6 +43,7 @@ class LlamaBlock(nn.Module):
         self.attn = Attention(
             layer, self.num_heads, self.num_kv_heads, spec.attn_scale, None, rotary, place.kernels
         )
+        self.attn.quantize_for(self.attn_output)
 
     def qkv(self, h: torch.Tensor, norm: RMSNorm | None = None) -> tuple[torch.Tensor, ...]:
         """(num_tokens, hidden) -> q (tokens, heads, dim), k and v (tokens, kv_heads, dim), not rotated;
