@@ -1,9 +1,9 @@
 """STRATA_MATVEC_ONE_STEP: Q4_K's planar int8 matvec of one row with K of 2,049-4,096 (the 7B's q+k+v
 and o) takes all of K in one preloaded 8 x 4,096 step. Its flat accumulator sums a row's products
 over one step where the default tile (8 x 2,048, or 8 x 512 below 2,048 rows) adds the steps'
-partial sums first: another order of
-fp32 additions, so the test bounds the difference (a few ulps of the output's largest value) rather
-than asking for the same bits; a wrong tile is off by about the output itself. Outside that K, and for
+partial sums first: another order of fp32 additions, so the test bounds the difference (a few ulps of
+the output's largest value) rather than asking for the same bits; a wrong tile is off by about the
+output itself. Outside that K, and for
 other layouts, types and batches, the setting changes nothing.
 """
 

@@ -105,26 +105,18 @@ def test_gpu_model_keeps_the_tokens_with_fewer_launches(monkeypatch, tmp_path):
     # projection's x comes from the merge where one runs, so fewer `quantize_x` launches are ungated
     # (the down projections' carry SwiGLU; the short graphs' one-split steps keep the o projection's
     # own), and the greedy ids are the same.
+    from tests.launch_recorder import LaunchRecorder
     from tests.test_model_kernel_path import greedy_ids, tiny
 
     path = tiny(tmp_path, "qwen2.5-1.5b-tiny")
-    gated: list[bool] = []
-    real = int8_inputs.quantize_x_kernel
-
-    class Counting:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                gated.append(kwargs["ACT"] != 0)
-                return real[grid](*args, **kwargs)
-
-            return launch
+    recorder = LaunchRecorder(int8_inputs.quantize_x_kernel)
 
     def run() -> tuple[list[list[int]], list[bool]]:
-        gated.clear()
+        recorder.launches.clear()
         ids = greedy_ids(path, DEVICE, kernels=True, num_tokens=16, dtype=torch.bfloat16)
-        return ids, list(gated)
+        return ids, [launch["ACT"] != 0 for launch in recorder.launches]
 
-    monkeypatch.setattr(int8_inputs, "quantize_x_kernel", Counting())
+    monkeypatch.setattr(int8_inputs, "quantize_x_kernel", recorder)
     monkeypatch.setenv("STRATA_QUANT_IN_MERGE", "0")
     want, without = run()
     monkeypatch.setenv("STRATA_QUANT_IN_MERGE", "1")

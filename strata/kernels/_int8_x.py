@@ -17,6 +17,14 @@ from strata.kernels.pdl import await_inputs
 Int8X = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def empty_int8_x(rows: int, subs: int, device: torch.device) -> Int8X:
+    """Uninitialized buffers for `rows` rows of `subs` 32-element sub-blocks quantized by `store_int8`:
+    the words (rows, subs * 8) int32, the scales and the sums (rows, subs) fp32."""
+    xq = torch.empty(rows, subs * 8, dtype=torch.int32, device=device)
+    xd = torch.empty(rows, subs, dtype=torch.float32, device=device)
+    return xq, xd, torch.empty_like(xd)
+
+
 @triton.jit
 def quantize_x_kernel(
     x_ptr, up_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_xm, stride_um,

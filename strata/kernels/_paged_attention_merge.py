@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels._int8_x import Int8X, store_int8
+from strata.kernels._int8_x import Int8X, empty_int8_x, store_int8
 from strata.kernels.int8_inputs import use_asm
 from strata.kernels.pdl import await_inputs
 
@@ -22,12 +22,9 @@ def merge_quantization(out: torch.Tensor, order: bool | None) -> tuple[dict, Int
     batch, heads, dim = out.shape
     if order is None or dim < 32 or dim & (dim - 1):
         return {}, None
-    subs = heads * dim // 32
-    xq = torch.empty(batch, subs * 8, dtype=torch.int32, device=out.device)
-    xd = torch.empty(batch, subs, dtype=torch.float32, device=out.device)
-    xs = torch.empty_like(xd)
+    xq, xd, xs = int8 = empty_int8_x(batch, heads * dim // 32, out.device)
     quant = dict(xq_ptr=xq, xd_ptr=xd, xs_ptr=xs, QUANT=True, PLANAR=order, USE_ASM=use_asm(out))
-    return quant, (xq, xd, xs)
+    return quant, int8
 
 
 @triton.jit

@@ -11,7 +11,7 @@ import triton
 from gguf.constants import GGMLQuantizationType
 
 from strata import env
-from strata.kernels._int8_x import Int8X, quantize_x_kernel
+from strata.kernels._int8_x import Int8X, empty_int8_x, quantize_x_kernel
 from strata.kernels.pdl import launch_args
 from strata.kernels.quant_pack import PackedQuantWeight
 
@@ -67,9 +67,7 @@ def quantize_x(
     scale max|x| / 127 and the fp32 sum of x, both (M, K / 32). With `up`, the row quantized is
     act(x) * up (see quant_matvec), computed in the same launch."""
     m, subs = x.shape[0], x.shape[1] // 32
-    xq = torch.empty(m, subs * 8, dtype=torch.int32, device=x.device)
-    xd = torch.empty(m, subs, dtype=torch.float32, device=x.device)
-    xs = torch.empty(m, subs, dtype=torch.float32, device=x.device)
+    xq, xd, xs = empty_int8_x(m, subs, x.device)
     # No FMA contraction: x * (127 / max) + 0.5 must round twice, as the interpreter and tests do.
     grid = (m, triton.cdiv(subs, 32))
     gate_up = x if up is None else up  # without `up` the kernel never reads it

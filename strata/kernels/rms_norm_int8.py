@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels._int8_x import Int8X, store_int8
+from strata.kernels._int8_x import Int8X, empty_int8_x, store_int8
 from strata.kernels.int8_inputs import use_asm
 from strata.kernels.pdl import await_inputs, launch_args
 from strata.kernels.rms_norm import _MAX_BLOCK, _load_row, check_inputs, inverse_rms, warps_for
@@ -82,14 +82,7 @@ def rms_norm_int8(
     rows, subs = x.shape[0], hidden // 32
     out = torch.empty_like(x)
     new_residual = None if residual is None else torch.empty_like(residual)
-    int8 = {
-        planar: (
-            torch.empty(rows, subs * 8, dtype=torch.int32, device=x.device),
-            torch.empty(rows, subs, dtype=torch.float32, device=x.device),
-            torch.empty(rows, subs, dtype=torch.float32, device=x.device),
-        )
-        for planar in orders
-    }
+    int8 = {planar: empty_int8_x(rows, subs, x.device) for planar in orders}
     if rows == 0:
         return out, new_residual, int8
     r = x if residual is None else residual
