@@ -41,6 +41,7 @@ ENV_OPTIONS = {
     "x_per_row": "STRATA_X_PER_ROW",
     "matvec_one_step": "STRATA_MATVEC_ONE_STEP",
     "quant_in_merge": "STRATA_QUANT_IN_MERGE",
+    "rope_in_matvec": "STRATA_ROPE_IN_MATVEC",
     "attention_prefetch": "STRATA_ATTENTION_PREFETCH",
     "attention_merge": "STRATA_ATTENTION_MERGE",
     "merge_warps": "STRATA_MERGE_WARPS",

@@ -19,6 +19,7 @@ from strata.kernels._matvec_legacy_matched import (
     q8_0_chunk_weights,
     q8_0_chunks,
 )
+from strata.kernels.kv_in_matvec import kv_tile_rows
 from strata.kernels.pdl import await_inputs, await_inputs_after, prefetch_weights
 from strata.kernels.x_loads import load_x, row_inverse_rms
 
@@ -32,14 +33,19 @@ def q8_0_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, MATCHED: tl.constexpr = False,
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
+    kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
+    stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
+    INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED
     (M = 1): x is RMSNorm(x) with weight norm_ptr (`x_loads`); ADD: out += y (`_bits.added`).
     PRELOAD (M = 1, one step a program): the step's weights loaded and decoded before `await_inputs`,
     then the loop's one step on them (the same operations, so the same bits); with MATCHED, the
-    matched loop's one step (no layout conversion of x after the wait)."""
+    matched loop's one step (no layout conversion of x after the wait).
+    The kv_* arguments to INTERLEAVED: `kv_in_matvec`'s rotary embedding and K/V-cache write in the
+    store (HEAD_DIM > 0; the tile's rows from `kv_tile_rows`)."""
     NB: tl.constexpr = BLOCK_K // 32
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
     rc = tl.minimum(rows, N - 1)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
@@ -69,8 +75,9 @@ def q8_0_matvec_kernel(
     else:
         acc = _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
                          M, M_PAD, BLOCK_N, NB, *norm, NORMED)  # fmt: skip
-    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
+               SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -84,15 +91,19 @@ def q5_0_matvec_kernel(
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
     ROW_TILES: tl.constexpr = 1,
+    kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
+    stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
+    INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step. MATCHED (M = 1):
-    `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD, PRELOAD: as Q8_0's.
-    ROW_TILES (PRELOAD and MATCHED, one split): a program computes that many consecutive row tiles,
-    each tile's weights loaded before the one before it is multiplied (the first's before the wait);
-    each tile's operations are those of a program of one tile, so the same bits."""
+    `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD, PRELOAD and the
+    K/V write: as Q8_0's. ROW_TILES (PRELOAD and MATCHED, one split; not with the K/V write): a
+    program computes that many consecutive row tiles, each tile's weights loaded before the one before
+    it is multiplied (the first's before the wait); each tile's operations are those of a program of
+    one tile, so the same bits."""
     NB: tl.constexpr = BLOCK_K // 32
-    rows = tl.program_id(0) * (BLOCK_N * ROW_TILES) + tl.arange(0, BLOCK_N)
+    rows = kv_tile_rows(tl.program_id(0) * ROW_TILES, BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     if PRELOAD and MATCHED:
@@ -130,8 +141,9 @@ def q5_0_matvec_kernel(
     else:
         acc = _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
                          M, M_PAD, BLOCK_N, NB, FLAT_ACC, *norm, NORMED)  # fmt: skip
-    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
+               SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
 
 @triton.jit

@@ -19,6 +19,7 @@ import triton.language as tl
 from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
 from strata.kernels._int8_x import _dp4a
 from strata.kernels._matvec_q4k_planar import _loads
+from strata.kernels.kv_in_matvec import kv_tile_rows
 from strata.kernels.pdl import await_inputs
 
 
@@ -36,6 +37,9 @@ def q4_k_int8_matvec_kernel(
     PAIRED_DM: tl.constexpr = False,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
     PRELOAD: tl.constexpr = False,
+    kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
+    stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
+    INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
     (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums.
@@ -45,9 +49,10 @@ def q4_k_int8_matvec_kernel(
     weights in flight per thread instead of one; Triton pipelines no load of a loop without a dot):
     the same sums. PAIRED_DM: d and dmin from one 32-bit load (`_loads`); the same sums. ROWS: the
     planes in quant_pack's "rows" layout (`_loads`). PRELOAD: PREFETCH's loop, its first step's
-    weights loaded before `await_inputs` (weights are never written by a kernel): the same sums."""
+    weights loaded before `await_inputs` (weights are never written by a kernel): the same sums.
+    The kv_* arguments to INTERLEAVED: the K/V write in the store (as `_matvec_legacy`'s Q8_0)."""
     NS: tl.constexpr = BLOCK_K // 32
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
     js = tl.arange(0, NS)
     n_sub = K // 32
@@ -94,8 +99,9 @@ def q4_k_int8_matvec_kernel(
             acc = _step(acc, x, s, sv, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
                         X_PER_ROW)  # fmt: skip
     acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
-    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
+               SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
 
 @triton.jit

@@ -63,11 +63,14 @@ def q6_k_rows_int8_matvec_kernel(
     R: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
     PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
     M: tl.constexpr = 1, M_PAD: tl.constexpr = 1, PRELOAD: tl.constexpr = False,
+    kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
+    stride_cache=0, HEAD_DIM: tl.constexpr = 0,
 ):  # fmt: skip
     """Program (g, split) sums rows g * R .. over its split's halves (128 elements) for M rows of x
     (M_PAD, their next power of two); every x row meets the quants loaded once. ADD: out += y.
     PRELOAD: the first half's quants loaded before the PDL wait (weights are never written by a
-    kernel; an empty split loads the last half and leaves it unused). The same sums either way."""
+    kernel; an empty split loads the last half and leaves it unused). The same sums either way.
+    HEAD_DIM > 0: every row is v's, written to v's cache too (`kv_in_matvec.store_kv`)."""
     grp = tl.program_id(0)
     n_half = K // 128
     lo, hi = split_range(n_half, 1, SPLIT_K)
@@ -97,8 +100,9 @@ def q6_k_rows_int8_matvec_kernel(
             acc = _step(acc, _quants(planes, half, R), xq_ptr, xd_ptr, half, K // 32, R, USE_ASM, M, M_PAD)
     sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else acc
     rows = grp * R + tl.arange(0, R)
-    store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
+               SPLIT_K, ADD, kv, 0, 0, HEAD_DIM, False, R)  # fmt: skip
 
 
 @triton.jit
@@ -176,11 +180,13 @@ def q6_k_rows_int8_matvec(
     accumulate: bool = False,
     use_asm: bool = True,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kv: dict[str, object] | None = None,
 ) -> torch.Tensor:
     """out (M, n) = x @ W^T (+ bias; with `accumulate`, added to out) for M rows of x quantized by
     `int8_inputs.quantize_x(x, planar=False)` (xq, xd; element order) and W's Q6_K planes as
     `quant_pack.interleave_q6k_rows(planes, config.rows)` makes them. Under split-K, `workspace` is
-    (fp32 partials (split_k, M, n), int32 counters of at least ceil(n / rows), zero)."""
+    (fp32 partials (split_k, M, n), int32 counters of at least ceil(n / rows), zero). `kv`: a
+    `kv_in_matvec.KVWrite`'s kernel arguments (`v_only`) for rows that are v's, written to its cache too."""
     c = config
     m = xq.shape[0]
     if c.split_k > 1 and workspace is None:
@@ -192,6 +198,6 @@ def q6_k_rows_int8_matvec(
         sc, d, n, k, y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm, PREFETCH=c.prefetch,
         ADD=accumulate, M=m, M_PAD=triton.next_power_of_2(m), PRELOAD=c.preload, num_warps=c.rows // 32,
-        **launch_args(out.device),
+        **(kv or {}), **launch_args(out.device),
     )  # fmt: skip
     return out

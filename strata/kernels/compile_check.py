@@ -21,6 +21,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from strata.kernels.compile_check_kv import kv_variants
+
 # Pointer element types by argument name; kernels override where theirs differ.
 POINTERS = {
     "x_ptr": "*bf16", "xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "y_ptr": "*fp32",
@@ -148,6 +150,7 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         + matmul_variants()
         + norm_variants()
         + attention_variants()
+        + kv_variants()
         + [warm_variant()]
     )
 

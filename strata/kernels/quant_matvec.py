@@ -18,7 +18,6 @@ from strata import env
 from strata.kernels._int8_x import Int8X
 from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
 from strata.kernels._matvec_legacy import q4_0_matvec_kernel, q5_0_matvec_kernel, q8_0_matvec_kernel
-from strata.kernels._matvec_legacy_int8 import legacy_int8_matvec_kernel
 from strata.kernels._matvec_lowbit import (
     codebook,
     iq2_s_matvec_kernel,
@@ -26,13 +25,11 @@ from strata.kernels._matvec_lowbit import (
     iq4_xs_matvec_kernel,
     q2_k_matvec_kernel,
 )
-from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
 from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
-from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec, rows_config
-from strata.kernels._matvec_q6k_int8 import q6_k_int8_matvec_kernel
-from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec, q6k_rows_config
 from strata.kernels.activation import gated_act
-from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x, use_asm
+from strata.kernels.int8_inputs import ACTS, INT8_TYPES, int8_order, quantize_x
+from strata.kernels.int8_matvec import int8_matvec, rows_matvec
+from strata.kernels.kv_in_matvec import KVWrite
 from strata.kernels.matvec_checks import check_flags
 from strata.kernels.matvec_tiles import env_tile
 from strata.kernels.pdl import launch_args
@@ -218,6 +215,7 @@ def quant_matvec(
     x_int8: dict[bool, Int8X] | None = None,
     norm: tuple[torch.Tensor, float] | None = None,
     accumulate: bool = False,
+    kv: KVWrite | None = None,
 ) -> torch.Tensor:
     """y = x @ W^T (+ bias) for x (M, k) and a GGUF-quantized W (n, k); returns y (M, n) in x's dtype.
 
@@ -231,7 +229,9 @@ def quant_matvec(
     kernel normalizes x as it loads it where `takes_norm` says so (1 / rms from the whole row in every
     program: within fp32 rounding of the norm's own launch, see `x_loads`), else the norm launches
     first. `accumulate`: out += y (out given; e.g. a residual stream), rounded as torch's `out + y`
-    for y in out's dtype, in the matvec's store.
+    for y in out's dtype, in the matvec's store. `kv`: y's rows are a decode step's q, k, v (as
+    `kv.q_rows`, `kv.k_rows` say), stored rotated and written to the caches (`kv_in_matvec`; one row
+    tile a program, not with `accumulate`; the kernels `kv_matvec_kernel` names).
 
     `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
     `PackedQuantWeight` from `pack_quant_weight` (pack once at load). `out`, when given, is written in
@@ -313,6 +313,17 @@ def quant_matvec(
     if config is None and packed is w:
         cfg = env_tile(cfg, packed, m, int8_x)
     check_flags(cfg, packed, int8_x, m)
+    kv_args: dict[str, object] | None = None
+    if kv is not None:
+        path = _kv_path(packed, int8_x, config is None)
+        if path is None or accumulate:
+            raise ValueError(
+                f"no K/V write in the matvec of {qtype.name} ({packed.layout}, int8 x {int8_x}) or with "
+                "accumulate: leave kv out and write with rotary_kv_write (see writes_kv)"
+            )
+        cfg = replace(cfg, row_tiles=1)
+        tile = packed.rows_group if path == "rows" else cfg.block_n
+        kv_args = kv.kernel_args(out, tile, v_only=path == "rows")
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
     if qtype == _T.Q6_K and packed.layout == "rows" and int8_x and config is not None:
         raise ValueError(
@@ -349,18 +360,18 @@ def quant_matvec(
         ready = None if x_int8 is None or up is not None else x_int8.get(planar)
         xq = ready if ready is not None else quantize_x(x, planar=planar, up=up, act=act)
         if packed.layout == "rows" and config is None:
-            _rows_matvec(xq, packed, out, bias, accumulate, num_sms)
+            rows_matvec(xq, packed, out, bias, accumulate, num_sms, kv_args)
             return out
-        _int8_matvec(
+        int8_matvec(
             qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg, accumulate,
-            packed.rows_group,
+            packed.rows_group, kv_args,
         )  # fmt: skip
     else:
         kernel[grid](
             x, *dest, *tensors, n, k, x.stride(0), stride_ys, out.stride(0), *strides,
             M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, **cfg.launch_options(), **extra,
-            **launch_args(x.device),
+            **(kv_args or {}), **launch_args(x.device),
         )  # fmt: skip
     return out
 
@@ -371,6 +382,24 @@ def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
     Q6_K or planar Q4_K weight, K at most 8,192 (the norm's widest row in one tile)."""
     int8 = x_dtype != torch.float32 and int8_order(w) is not None
     return m == 1 and not int8 and _norm_kernel(w) and w.k <= _MAX_BLOCK
+
+
+def writes_kv(w: PackedQuantWeight, x_dtype: torch.dtype, rotates: bool) -> bool:
+    """Whether `quant_matvec(x, w, ..., kv=...)` can write K/V in its store for rows of x_dtype:
+    rows of q or k (`rotates`) in Q5_0's and Q8_0's fp32-x kernels and Q4_K's planar int8 kernel,
+    rows of v also in Q6_K's rows kernel."""
+    path = _kv_path(w, x_dtype != torch.float32 and int8_order(w) is not None, True)
+    return path == "tile" or (path == "rows" and not rotates)
+
+
+def _kv_path(w: PackedQuantWeight, int8_x: bool, tuned: bool) -> str | None:
+    """The kernel that takes a K/V write for w: "tile" (one taking `kv_tile_rows`), "rows" (Q6_K's
+    rows kernel: v's rows only), None (none)."""
+    if int8_x and w.layout == "rows" and tuned:
+        return None if w.planar else "rows"
+    if int8_x:
+        return "tile" if w.planar else None
+    return "tile" if w.qtype in (_T.Q5_0, _T.Q8_0) else None
 
 
 def _norm_kernel(w: PackedQuantWeight) -> bool:
@@ -398,90 +427,3 @@ def _check_gated(x: torch.Tensor, up: torch.Tensor, act: str) -> None:
             f"up must be a {tuple(x.shape)} {x.dtype} tensor on {x.device} with contiguous rows like x, "
             f"got {tuple(up.shape)} {up.dtype} on {up.device} with strides {up.stride()}"
         )
-
-
-def _rows_matvec(
-    xq: Int8X,
-    w: PackedQuantWeight,
-    out: torch.Tensor,
-    bias: torch.Tensor | None,
-    accumulate: bool,
-    num_sms: int,
-) -> None:
-    """x's rows quantized (Q4_K: planar order; Q6_K: element order) times w in the "rows" layout, into
-    out, by `_matvec_q4k_rows` or `_matvec_q6k_rows`."""
-
-    def workspace(split_k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if split_k == 1:
-            return None
-        # partials with out's row stride (the kernel addresses both alike)
-        partials = torch.empty(split_k, out.shape[0], out.stride(0), dtype=torch.float32, device=out.device)
-        return partials, split_locks(out.device, triton.cdiv(w.n, w.rows_group))
-
-    asm = use_asm(xq[0])
-    if w.planar:
-        cfg = replace(rows_config(w.n, w.k, w.rows_group, num_sms), preload=env.rows_preload())
-        q4_k_rows_int8_matvec(
-            *xq, w.planes, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=asm,
-            workspace=workspace(cfg.split_k),
-        )  # fmt: skip
-    else:
-        cfg6 = q6k_rows_config(w.n, w.k, w.rows_group, num_sms, env.q6k_halves())
-        cfg6 = replace(cfg6, preload=env.rows_preload())
-        q6_k_rows_int8_matvec(
-            xq[0], xq[1], w.planes, w.n, w.k, out, cfg6, bias=bias, accumulate=accumulate, use_asm=asm,
-            workspace=workspace(cfg6.split_k),
-        )  # fmt: skip
-
-
-def _int8_matvec(
-    qtype: GGMLQuantizationType,
-    x_int8: Int8X,
-    dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    has_bias: bool,
-    planes: list[torch.Tensor],
-    strides: list[int],
-    grid: tuple[int, int],
-    n: int,
-    k: int,
-    stride_ys: int,
-    cfg: MatvecConfig,
-    accumulate: bool,
-    rows_group: int = 0,
-) -> None:
-    """The dp4a matvec of x quantized by `quantize_x` (`x_int8`); `dest` is the kernels' (workspace,
-    out, split locks, bias) arguments; `accumulate` adds y to out; `rows_group`: Q4_K's "rows" layout."""
-    xq, xd, xs = x_int8
-    m, stride_ym = xq.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
-    common = dict(
-        M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, ADD=accumulate, **cfg.launch_options(),
-        **launch_args(xq.device),
-        # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
-        USE_ASM=use_asm(xq),
-    )  # fmt: skip
-    # The quant planes as int32 words (each row a whole number of words); scales and d as they are.
-    if qtype == _T.Q6_K:
-        ql, qh, sc, d = planes
-        ql, qh = ql.view(torch.int32), qh.view(torch.int32)
-        q6_k_int8_matvec_kernel[grid](
-            xq, xd, *dest, ql, qh, sc, d, n, k, stride_ys, stride_ym,
-            ql.stride(0), qh.stride(0), sc.stride(0), d.stride(0), SCALAR_SCALES=cfg.scalar_scales,
-            PREFETCH=cfg.prefetch, PRELOAD=cfg.preload, **common,
-        )  # fmt: skip
-    elif qtype in (_T.Q8_0, _T.Q5_0):
-        qs, *rest = planes
-        qs = qs.view(torch.int32)
-        qh, d = rest if qtype == _T.Q5_0 else (qs, rest[0])  # Q8_0 has no qh: any pointer will do
-        legacy_int8_matvec_kernel[grid](
-            xq, xd, *dest, qs, qh, d, n, k, stride_ys, stride_ym, qs.stride(0), qh.stride(0), d.stride(0),
-            QTYPE=int(qtype), **common,
-        )  # fmt: skip
-    else:
-        q4_k_int8_matvec_kernel[grid](
-            xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
-            ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, SCALAR_SCALES=cfg.scalar_scales,
-            X_PER_ROW=cfg.x_per_row, PREFETCH=cfg.prefetch, PAIRED_DM=cfg.paired_dm, ROWS=rows_group,
-            PRELOAD=cfg.preload,
-            **common,
-        )  # fmt: skip

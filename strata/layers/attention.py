@@ -13,14 +13,16 @@ from strata.engine.kv_cache import AttentionMetadata, KVCache, PagedDecode, Page
 from strata.layers.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
+    from strata.kernels.kv_in_matvec import KVWrite
     from strata.kernels.rotary_kv import NewKV
-    from strata.layers.linear import QuantLinear
+    from strata.layers.linear import Projections, QuantLinear
 
 
 class Attention(nn.Module):
     """Rotates q and k, writes this step's K/V at their slots, then attends each sequence over its
-    context's slots. On the kernel path rotation and the K/V write are one kernel, or (decode steps,
-    STRATA_ROPE_IN_ATTENTION=1) done by the attention kernel itself."""
+    context's slots. On the kernel path rotation and the K/V write are one kernel, or, on decode steps,
+    done by the q, k, v projections' matvecs (`kv_write`, STRATA_ROPE_IN_MATVEC=1) or by the attention
+    kernel itself (STRATA_ROPE_IN_ATTENTION=1)."""
 
     def __init__(
         self,
@@ -49,10 +51,40 @@ class Attention(nn.Module):
             self.int8_order = int8_order(output.packed)
             self.matvec_rows = env.kernel_row_limits()[0]
 
+    def kv_write(
+        self, x: torch.Tensor, projections: Projections, kv: KVCache, meta: AttentionMetadata
+    ) -> KVWrite | None:
+        """The K/V write for `projections` (q, k, v of x) to make in their matvecs' stores on this step
+        (then `forward(..., written=True)`), or None: a decode step on the kernel path under
+        STRATA_ROPE_IN_MATVEC=1 (not STRATA_ROPE_IN_ATTENTION), the whole head rotated, every part's
+        matvec able to (`Projections.writes_kv`)."""
+        if not (self.fused and meta.paged is not None and env.rope_in_matvec()) or env.rope_in_attention():
+            return None
+        r = self.rotary
+        k_cache, v_cache = kv.layer(self.layer)
+        dim = k_cache.shape[-1]
+        q_rows, k_rows = self.num_heads * dim, self.num_kv_heads * dim
+        if r.dim != dim or not projections.writes_kv(x, q_rows, k_rows):
+            return None
+        from strata.kernels.kv_in_matvec import KVWrite
+
+        write = KVWrite(meta.positions, meta.slot_mapping, r.inv_freq, k_cache, v_cache, r.layout, r.scale)
+        return write.part(q_rows, k_rows)
+
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, meta: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv: KVCache,
+        meta: AttentionMetadata,
+        written: bool = False,
     ) -> torch.Tensor:
-        # q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim); not rotated
+        """q: (num_tokens, num_heads, head_dim); k, v: (num_tokens, num_kv_heads, head_dim); not rotated,
+        unless `written`: q rotated and this step's K/V in the cache already (`kv_write`)."""
+        if written:
+            assert meta.paged is not None
+            return self._paged_decode(q, kv, meta.paged)
         if self.fused:
             from strata.kernels.rotary_kv import NewKV, rotary_kv_write  # needs triton
 

@@ -20,6 +20,7 @@ from strata.quant import dequantize
 
 # strata.kernels needs triton, which a CPU-only install may lack: it is imported only on the kernel path.
 if TYPE_CHECKING:
+    from strata.kernels.kv_in_matvec import KVWrite
     from strata.kernels.quant_pack import PackedQuantWeight
     from strata.layers.norm import RMSNorm
 
@@ -170,12 +171,14 @@ class QuantLinear(nn.Module):
         *,
         norm: RMSNorm | None = None,
         add_to: torch.Tensor | None = None,
+        kv: KVWrite | None = None,
     ) -> torch.Tensor:
         """x W^T + b; with `up`, of the gated activation act(x) * up (`act` "silu" or "gelu_tanh"), which
         the matvec computes inside x's int8 quantization where it can (`strata.env.act_in_quant`).
         With `norm`, of norm(x), which the matvec computes as it loads x where it can (`takes_norm`).
         With `add_to` (the output's shape and dtype), returns add_to after adding the output to it in
-        place, in the matvec's store where it can."""
+        place, in the matvec's store where it can. With `kv` (where `writes_kv`), the output's rows are a
+        decode step's q, k, v, rotated and written to the cache in the matvec's store (`kv_in_matvec`)."""
         if norm is not None and (up is not None or not self.takes_norm(x)):
             x, norm = norm.normed(x), None
         rows = x.numel() // max(1, x.shape[-1])
@@ -186,7 +189,7 @@ class QuantLinear(nn.Module):
         if self.pad is not None:
             x = F.pad(x, self.pad)  # (..., in_features): this rank's columns in its window, zeros around
         if not self.all_reduce:
-            return self._partial(x, up, act, norm, add_to)
+            return self._partial(x, up, act, norm, add_to, kv)
         y = all_reduce(self._partial(x, up, act), self.tp)
         return y if add_to is None else add_to.add_(y)
 
@@ -199,6 +202,16 @@ class QuantLinear(nn.Module):
 
         return takes_norm(self.packed, x.dtype, 1)
 
+    def writes_kv(self, x: torch.Tensor, rotates: bool) -> bool:
+        """Whether `forward(x, kv=...)` writes K/V in the matvec's store (`quant_matvec.writes_kv`): rows
+        of x few enough for the matvec, the whole weight on this rank; `rotates`: rows of q or k."""
+        rows = x.numel() // max(1, x.shape[-1])
+        if self.packed is None or self.pad is not None or self.all_reduce or rows > self.matvec_rows:
+            return False
+        from strata.kernels.quant_matvec import writes_kv
+
+        return writes_kv(self.packed, x.dtype, rotates)
+
     def _partial(
         self,
         x: torch.Tensor,
@@ -206,9 +219,11 @@ class QuantLinear(nn.Module):
         act: str = "silu",
         norm: RMSNorm | None = None,
         add_to: torch.Tensor | None = None,
+        kv: KVWrite | None = None,
     ) -> torch.Tensor:
-        """x W^T + b with this rank's W (all of it on one rank); `up` and `norm` only on the matvec's
-        rows (norm where `takes_norm`); with `add_to`, that plus the output, in place."""
+        """x W^T + b with this rank's W (all of it on one rank); `up`, `norm` and `kv` only on the
+        matvec's rows (norm where `takes_norm`, kv where `writes_kv`); with `add_to`, that plus the
+        output, in place."""
         if self.packed is None:
             assert self.weight is not None
             return _added(F.linear(x, self.weight, self.bias), add_to)
@@ -224,8 +239,13 @@ class QuantLinear(nn.Module):
             y = quant_matvec(
                 flat, self.packed, self.qtype, n, k, bias=self.bias, up=gate_up, act=act, x_int8=pre,
                 norm=None if norm is None else (norm.weight, norm.eps), out=out, accumulate=out is not None,
+                kv=kv,
             )  # fmt: skip
             return y.view(*x.shape[:-1], self.out_features) if add_to is None else add_to
+        if kv is not None:
+            raise ValueError(
+                f"a K/V write needs the matvec's rows (at most {self.matvec_rows}), got {flat.shape[0]}"
+            )
         copy = self.dense if self.dense is not None and self.dense.dtype == flat.dtype else None
         if copy is not None and flat.shape[0] >= self.copy_rows:
             y = F.linear(flat, copy, self.bias)
@@ -323,10 +343,28 @@ class Projections(nn.Module):
         """The layers `prefix.name` of the file, for each name in order."""
         return cls({n: QuantLinear.load(gguf, f"{prefix}.{n}", place) for n in names}, place)
 
-    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> list[torch.Tensor]:
+    def writes_kv(self, x: torch.Tensor, q_rows: int, k_rows: int) -> bool:
+        """Whether every part's matvec takes a K/V write (`QuantLinear.writes_kv`) for x, the outputs'
+        first `q_rows` rows being q's, the next `k_rows` k's."""
+        rows = x.numel() // max(1, x.shape[-1])
+        if self.stacked is not None and rows >= self.stacked[2]:
+            return False
+        start = 0
+        for part in self.parts.values():
+            if not (isinstance(part, QuantLinear) and part.writes_kv(x, start < q_rows + k_rows)):
+                return False
+            start += part.out_features
+        return True
+
+    def forward(
+        self, x: torch.Tensor, norm: RMSNorm | None = None, kv: KVWrite | None = None
+    ) -> list[torch.Tensor]:
         """Each projection of x, or with `norm` of norm(x): normalized in each part's matvec loads where
-        every part can (`QuantLinear.takes_norm`), else once, first."""
+        every part can (`QuantLinear.takes_norm`), else once, first. With `kv` (where `writes_kv`), the
+        outputs are q, k, v, written to the cache by the parts' matvecs (`kv.q_rows` and `kv.k_rows`
+        for all of them)."""
         parts = list(self.parts.values())
+        kvs = [None] * len(parts) if kv is None else _kv_parts(kv, [sum(sizes) for sizes in self.sizes])
         if norm is not None and not all(isinstance(p, QuantLinear) and p.takes_norm(x) for p in parts):
             x, norm = norm.normed(x), None
         rows = x.numel() // max(1, x.shape[-1])
@@ -335,9 +373,9 @@ class Projections(nn.Module):
             y = F.linear(x, self.stacked[0], self.stacked[1])
             return list(y.split([n for sizes in self.sizes for n in sizes], dim=-1))
         if self.concurrent and x.is_cuda and rows <= self.matvec_rows:
-            ys = _side_by_side(x, parts, norm)
+            ys = _side_by_side(x, parts, norm, kvs)
         else:
-            ys = [_run(part, x, norm) for part in parts]
+            ys = [_run(part, x, norm, part_kv) for part, part_kv in zip(parts, kvs, strict=True)]
         outs: list[torch.Tensor] = []
         for y, sizes in zip(ys, self.sizes, strict=True):
             outs.extend(y.split(sizes, dim=-1) if len(sizes) > 1 else (y,))
@@ -347,7 +385,20 @@ class Projections(nn.Module):
 _SIDE_STREAMS: dict[torch.device, list[torch.cuda.Stream]] = {}
 
 
-def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module], norm: RMSNorm | None) -> list[torch.Tensor]:
+def _kv_parts(kv: KVWrite, sizes: list[int]) -> list[KVWrite | None]:
+    """`kv` for each part of `sizes` rows, side by side: the q and k rows among each part's own."""
+    out: list[KVWrite | None] = []
+    start, qk = 0, kv.q_rows + kv.k_rows
+    for n in sizes:
+        q = max(0, min(start + n, kv.q_rows) - start)
+        out.append(kv.part(q, max(0, min(start + n, qk) - max(start, kv.q_rows))))
+        start += n
+    return out
+
+
+def _side_by_side(
+    x: torch.Tensor, parts: Sequence[nn.Module], norm: RMSNorm | None, kvs: Sequence[KVWrite | None]
+) -> list[torch.Tensor]:
     """Each part of x on a stream of its own, the first on the current one, which then waits for the
     others (under graph capture: parallel branches joined again). Every side stream first waits for
     the current one, so it reads x after x is written, and whatever a side stream allocates is used
@@ -361,8 +412,8 @@ def _side_by_side(x: torch.Tensor, parts: Sequence[nn.Module], norm: RMSNorm | N
     for i, (part, side) in enumerate(zip(parts[1:], sides, strict=False), start=1):
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            ys[i] = _run(part, x, norm)
-    ys[0] = _run(parts[0], x, norm)
+            ys[i] = _run(part, x, norm, kvs[i])
+    ys[0] = _run(parts[0], x, norm, kvs[0])
     for side in sides[: len(parts) - 1]:
         main.wait_stream(side)
     return ys
@@ -398,8 +449,11 @@ def _cat_biases(layers: Sequence[QuantLinear], place: Placement) -> torch.Tensor
     return torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
 
 
-def _run(part: nn.Module, x: torch.Tensor, norm: RMSNorm | None) -> torch.Tensor:
-    """The part's output for x, or for norm(x) computed in its loads (`QuantLinear.forward`)."""
+def _run(part: nn.Module, x: torch.Tensor, norm: RMSNorm | None, kv: KVWrite | None = None) -> torch.Tensor:
+    """The part's output for x, or for norm(x) computed in its loads, with its K/V write
+    (`QuantLinear.forward`)."""
+    if kv is not None:
+        return part(x, norm=norm, kv=kv)
     return part(x) if norm is None else part(x, norm=norm)
 
 

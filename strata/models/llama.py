@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -15,6 +17,9 @@ from strata.layers.norm import RMSNorm
 from strata.layers.placement import Placement
 from strata.layers.rotary import RotaryEmbedding
 from strata.models.base import DecoderModel
+
+if TYPE_CHECKING:
+    from strata.kernels.kv_in_matvec import KVWrite
 
 
 class LlamaBlock(nn.Module):
@@ -45,16 +50,23 @@ class LlamaBlock(nn.Module):
         )
         self.attn.quantize_for(self.attn_output)
 
-    def qkv(self, h: torch.Tensor, norm: RMSNorm | None = None) -> tuple[torch.Tensor, ...]:
+    def qkv(
+        self, h: torch.Tensor, norm: RMSNorm | None = None, kv_write: KVWrite | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """(num_tokens, hidden) -> q (tokens, heads, dim), k and v (tokens, kv_heads, dim), not rotated;
-        with `norm`, of norm(h) (`Projections.forward`)."""
+        with `norm`, of norm(h) (`Projections.forward`); with `kv_write`, q rotated and K/V written to
+        the cache instead (`Attention.kv_write`)."""
         n = h.shape[0]
-        q, k, v = self.qkv_proj(h, norm)
+        q, k, v = self.qkv_proj(h, norm, kv_write)
         return (
             q.view(n, self.num_heads, self.spec.head_dim),
             k.view(n, self.num_kv_heads, -1),
             v.view(n, self.num_kv_heads, -1),
         )
+
+    def kv_write(self, h: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> KVWrite | None:
+        """The rotary embedding and K/V write to make in the q, k, v matvecs (`Attention.kv_write`)."""
+        return self.attn.kv_write(h, self.qkv_proj, kv, meta)
 
     def forward(
         self, x: torch.Tensor, delta: torch.Tensor | None, kv: KVCache, meta: AttentionMetadata
@@ -65,8 +77,10 @@ class LlamaBlock(nn.Module):
         if self.norm_in_matvec and x.shape[0] == 1:
             return self._one_row(x if delta is None else x + delta, kv, meta)
         h, x = self.attn_norm.add_and_norm(delta, x)
-        q, k, v = self.qkv(h)
-        h, x = self.ffn_norm.add_and_norm(self.attn_output(self.attn(q, k, v, kv, meta)), x)
+        write = self.kv_write(h, kv, meta)
+        q, k, v = self.qkv(h, kv_write=write)
+        attended = self.attn(q, k, v, kv, meta, written=write is not None)
+        h, x = self.ffn_norm.add_and_norm(self.attn_output(attended), x)
         gate, up = self.gate_up(h)
         return x, self.ffn_down(gate, up, "silu")
 
@@ -74,8 +88,9 @@ class LlamaBlock(nn.Module):
         """The block for one row of x, which it updates in place: each norm computed inside the loads of
         the projections it feeds, where they can (else launched first), and each residual add inside
         the store of the projection before it; nothing is left to add (delta None)."""
-        q, k, v = self.qkv(x, self.attn_norm)
-        self.attn_output(self.attn(q, k, v, kv, meta), add_to=x)
+        write = self.kv_write(x, kv, meta)
+        q, k, v = self.qkv(x, self.attn_norm, write)
+        self.attn_output(self.attn(q, k, v, kv, meta, written=write is not None), add_to=x)
         gate, up = self.gate_up(x, self.ffn_norm)
         self.ffn_down(gate, up, "silu", add_to=x)
         return x, None

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
+from strata.engine.kv_cache import AttentionMetadata, KVCache
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.layers.norm import RMSNorm
 from strata.layers.placement import Placement
 from strata.models.llama import LlamaBlock, LlamaModel
+
+if TYPE_CHECKING:
+    from strata.kernels.kv_in_matvec import KVWrite
 
 
 class Qwen3Block(LlamaBlock):
@@ -18,7 +24,15 @@ class Qwen3Block(LlamaBlock):
         self.attn_q_norm = RMSNorm.load(gguf, f"blk.{layer}.attn_q_norm", spec.rms_eps, place.kernels)
         self.attn_k_norm = RMSNorm.load(gguf, f"blk.{layer}.attn_k_norm", spec.rms_eps, place.kernels)
 
-    def qkv(self, h: torch.Tensor, norm: RMSNorm | None = None) -> tuple[torch.Tensor, ...]:
+    def kv_write(self, h: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> None:
+        """None: q and k are normed between their projection and the rotation, which the matvec's store
+        would do first."""
+        return None
+
+    def qkv(
+        self, h: torch.Tensor, norm: RMSNorm | None = None, kv_write: KVWrite | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        assert kv_write is None  # see kv_write
         q, k, v = super().qkv(h, norm)
         return self.attn_q_norm(q), self.attn_k_norm(k), v
 
