@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from gguf.constants import GGMLQuantizationType
 
+from strata.kernels import int8_matvec as im
 from strata.kernels import quant_matvec as qm
 from strata.kernels._matvec_q4k_rows import q4_k_rows_int8_matvec_kernel
 from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec_kernel
@@ -21,11 +22,11 @@ from strata.kernels.int8_inputs import int8_order
 from strata.kernels.quant_pack import PackedQuantWeight
 
 _T = GGMLQuantizationType
-# The kernels `quant_matvec`'s branches launch beyond its table `_KERNELS`: int8 x (`_int8_matvec`)
-# and the "rows" layouts (`_rows_matvec`).
+# The kernels `quant_matvec`'s branches launch beyond its table `_KERNELS`: int8 x (`int8_matvec`)
+# and the "rows" layouts (`rows_matvec`).
 _INT8_X = {
-    _T.Q4_K: qm.q4_k_int8_matvec_kernel, _T.Q6_K: qm.q6_k_int8_matvec_kernel,
-    _T.Q8_0: qm.legacy_int8_matvec_kernel, _T.Q5_0: qm.legacy_int8_matvec_kernel,
+    _T.Q4_K: im.q4_k_int8_matvec_kernel, _T.Q6_K: im.q6_k_int8_matvec_kernel,
+    _T.Q8_0: im.legacy_int8_matvec_kernel, _T.Q5_0: im.legacy_int8_matvec_kernel,
 }  # fmt: skip
 _ROWS = {_T.Q4_K: q4_k_rows_int8_matvec_kernel, _T.Q6_K: q6_k_rows_int8_matvec_kernel}
 

@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-import strata.kernels.quant_matvec as qm  # noqa: E402
+import strata.kernels.int8_matvec as im  # noqa: E402
 from strata.kernels.matvec_tiles import ONE_STEP_K  # noqa: E402
 from strata.kernels.quant_matvec import quant_matvec  # noqa: E402
 from tests.launch_recorder import LaunchRecorder  # noqa: E402
@@ -29,8 +29,8 @@ from tests.test_kernels_quant_matvec import DEVICE, T, k_for  # noqa: E402
 
 
 def launches(monkeypatch, x, packed, steps: str) -> tuple[torch.Tensor, dict]:
-    recorder = LaunchRecorder(qm.q4_k_int8_matvec_kernel)
-    monkeypatch.setattr(qm, "q4_k_int8_matvec_kernel", recorder)
+    recorder = LaunchRecorder(im.q4_k_int8_matvec_kernel)
+    monkeypatch.setattr(im, "q4_k_int8_matvec_kernel", recorder)
     monkeypatch.setenv("STRATA_MATVEC_ONE_STEP", steps)
     out = quant_matvec(x, packed, T.Q4_K, packed.n, packed.k)
     (launch,) = recorder.launches

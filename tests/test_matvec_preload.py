@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
+from strata.kernels import int8_matvec as im  # noqa: E402
 from strata.kernels import quant_matvec as qm  # noqa: E402
 from strata.kernels.matvec_tiles import preload_tile  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
@@ -227,8 +228,8 @@ def test_env_preload_on_q4k_int8_takes_one_step_tiles_only():
 )
 def test_int8_preload_reaches_the_kernel(qtype: T, name: str, monkeypatch: pytest.MonkeyPatch):
     # The int8 kernels' preload gives the plain loop's bits, so only a record shows it was launched.
-    recorder = LaunchRecorder(getattr(qm, name))
-    monkeypatch.setattr(qm, name, recorder)
+    recorder = LaunchRecorder(getattr(im, name))
+    monkeypatch.setattr(im, name, recorder)
     packed = pack_quant_weight(
         random_weight(qtype, 21, 256, seed=9).to(DEVICE), qtype, 21, 256, "planar", q6k_layout="blocks"
     )
