@@ -52,9 +52,18 @@ def rope_cos_sin(positions_ptr, t, inv_freq_ptr, scale, freq, rotated):
 @triton.jit
 def rope_rotate(x, x_partner, sign, cos, sin, rotated):
     """x rotated channel by channel (fp32): x * cos - partner * sin on a pair's first channel, x * cos
-    + partner * sin on its second, x past rope_dim. The sign multiplies exactly and the terms keep
-    `_rotary_kv_kernel`'s order, so the results (and their FMA contraction) are that kernel's."""
-    return tl.where(rotated, x * cos + (sign * x_partner) * sin, x)
+    + partner * sin on its second, x past rope_dim; as `rope_pair` rounds them (the sign multiplies
+    exactly), so the same bits as `_rotary_kv_kernel`'s in every kernel."""
+    return tl.where(rotated, tl.fma(x, cos, (sign * x_partner) * sin), x)
+
+
+@triton.jit
+def rope_pair(x1, x2, cos, sin):
+    """A pair's channels rotated (fp32): x1 * cos - x2 * sin, x2 * cos + x1 * sin, each an explicit
+    fused multiply-add of the rounded second product. Left to the compiler, which product an FMA
+    takes is chosen per kernel (the seventeenth and twenty-eighth sessions found kernels an ulp apart
+    on the GPU); spelled out, every kernel and the interpreter round alike."""
+    return tl.fma(x1, cos, -(x2 * sin)), tl.fma(x2, cos, x1 * sin)
 
 
 @triton.jit
@@ -84,8 +93,9 @@ def _rotary_kv_kernel(
         row = q_ptr + t * stride_qt + head * stride_qh
         x1 = tl.load(row + c1 * stride_qd, mask=pair).to(tl.float32)
         x2 = tl.load(row + c2 * stride_qd, mask=pair).to(tl.float32)
-        tl.store(row + c1 * stride_qd, (x1 * cos - x2 * sin).to(q_ptr.dtype.element_ty), mask=pair)
-        tl.store(row + c2 * stride_qd, (x2 * cos + x1 * sin).to(q_ptr.dtype.element_ty), mask=pair)
+        y1, y2 = rope_pair(x1, x2, cos, sin)
+        tl.store(row + c1 * stride_qd, y1.to(q_ptr.dtype.element_ty), mask=pair)
+        tl.store(row + c2 * stride_qd, y2.to(q_ptr.dtype.element_ty), mask=pair)
     else:
         kvh = head - NUM_Q_HEADS
         slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
@@ -95,8 +105,9 @@ def _rotary_kv_kernel(
             kc_row = k_cache_ptr + slot * stride_kcs + kvh * stride_kch
             x1 = tl.load(k_row + c1 * stride_kd, mask=pair).to(tl.float32)
             x2 = tl.load(k_row + c2 * stride_kd, mask=pair).to(tl.float32)
-            y1 = (x1 * cos - x2 * sin).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
-            y2 = (x2 * cos + x1 * sin).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+            y1, y2 = rope_pair(x1, x2, cos, sin)
+            y1 = y1.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+            y2 = y2.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
             tl.store(kc_row + c1 * stride_kcd, y1, mask=pair)
             tl.store(kc_row + c2 * stride_kcd, y2, mask=pair)
 
