@@ -19,7 +19,7 @@ from strata.kernels._matvec_legacy_matched import (
     q8_0_chunk_weights,
     q8_0_chunks,
 )
-from strata.kernels.kv_in_matvec import kv_tile_rows
+from strata.kernels.kv_in_matvec import kv_prologue, kv_tile_rows
 from strata.kernels.pdl import await_inputs, await_inputs_after, prefetch_weights
 from strata.kernels.x_loads import load_x, row_inverse_rms
 
@@ -48,6 +48,8 @@ def q8_0_matvec_kernel(
     rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
     rc = tl.minimum(rows, N - 1)
+    kv = kv_prologue(rows, kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale,
+                     stride_cache, M, M_PAD, HEAD_DIM, INTERLEAVED)  # fmt: skip
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     if PRELOAD and MATCHED:
         w, d = q8_0_chunk_weights(qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, NB)
@@ -75,7 +77,6 @@ def q8_0_matvec_kernel(
     else:
         acc = _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
                          M, M_PAD, BLOCK_N, NB, *norm, NORMED)  # fmt: skip
-    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
                SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
@@ -105,6 +106,8 @@ def q5_0_matvec_kernel(
     NB: tl.constexpr = BLOCK_K // 32
     rows = kv_tile_rows(tl.program_id(0) * ROW_TILES, BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
+    kv = kv_prologue(rows, kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale,
+                     stride_cache, M, M_PAD, HEAD_DIM, INTERLEAVED)  # fmt: skip
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     if PRELOAD and MATCHED:
         w_lo, w_hi, d = q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh,
@@ -141,7 +144,6 @@ def q5_0_matvec_kernel(
     else:
         acc = _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
                          M, M_PAD, BLOCK_N, NB, FLAT_ACC, *norm, NORMED)  # fmt: skip
-    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
                SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 

@@ -19,7 +19,7 @@ import triton.language as tl
 from strata.kernels._bits import add_to_row3, exact_float, split_range, store_rows
 from strata.kernels._int8_x import _dp4a
 from strata.kernels._matvec_q4k_planar import _loads
-from strata.kernels.kv_in_matvec import kv_tile_rows
+from strata.kernels.kv_in_matvec import kv_prologue, kv_tile_rows
 from strata.kernels.pdl import await_inputs
 
 
@@ -54,6 +54,8 @@ def q4_k_int8_matvec_kernel(
     NS: tl.constexpr = BLOCK_K // 32
     rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
+    kv = kv_prologue(rows, kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale,
+                     stride_cache, M, M_PAD, HEAD_DIM, INTERLEAVED)  # fmt: skip
     js = tl.arange(0, NS)
     n_sub = K // 32
     lo, hi = split_range(n_sub, NS, SPLIT_K)
@@ -99,7 +101,6 @@ def q4_k_int8_matvec_kernel(
             acc = _step(acc, x, s, sv, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
                         X_PER_ROW)  # fmt: skip
     acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
-    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
                SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 

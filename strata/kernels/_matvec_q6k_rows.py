@@ -19,6 +19,7 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dp4a
+from strata.kernels.kv_in_matvec import kv_prologue
 from strata.kernels.pdl import await_inputs, launch_args
 from strata.kernels.quant_pack import ROWS
 
@@ -80,6 +81,9 @@ def q6_k_rows_int8_matvec_kernel(
         sc_ptr + grp * (n_half * 8 * R),
         d_ptr + grp * (n_half // 2 * R),
     )
+    rows = grp * R + tl.arange(0, R)
+    kv = kv_prologue(rows, kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale,
+                     stride_cache, M, M_PAD, HEAD_DIM, False)  # fmt: skip
     if PRELOAD:
         first = _quants(planes, tl.minimum(lo, n_half - 1), R)
     await_inputs(PDL)
@@ -99,8 +103,6 @@ def q6_k_rows_int8_matvec_kernel(
         for half in range(start, hi):
             acc = _step(acc, _quants(planes, half, R), xq_ptr, xd_ptr, half, K // 32, R, USE_ASM, M, M_PAD)
     sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else acc
-    rows = grp * R + tl.arange(0, R)
-    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
                SPLIT_K, ADD, kv, 0, 0, HEAD_DIM, False, R)  # fmt: skip
 

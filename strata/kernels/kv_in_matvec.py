@@ -8,7 +8,9 @@ rows which the matvecs load one by one anyway), so the tile's store can rotate t
 values rounded to the output's dtype, rotated by `rotary_kv`'s helpers (`rope_channels`,
 `rope_rotate`: the same operations, so the same bits), rounded again. q's rows are stored rotated in
 the output, v's as they are; k's rotated and v's go, at the token's slot, to the caches (rounded to
-theirs), as `rotary_kv_write` would write them. The output's k columns are not written.
+theirs), as `rotary_kv_write` would write them. The output's k columns are not written. Each token's
+slot and the cos and sin of its angles are loaded and computed where the kernel starts, before its PDL
+wait (`kv_prologue`), not in the store.
 """
 
 from __future__ import annotations
@@ -129,33 +131,46 @@ def kv_tile_rows(tile, BLOCK_N: tl.constexpr, KV_QK: tl.constexpr, HEAD_DIM: tl.
 
 
 @triton.jit
+def kv_prologue(rows, pos_ptr, slot_ptr, freq_ptr, kc_ptr, vc_ptr, rope_scale, stride_cache, M: tl.constexpr,
+                M_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):  # fmt: skip
+    """The K/V write's arguments for `store_kv` (HEAD_DIM > 0; else None): each token's slot and the
+    cos and sin of its angles at the tile's channels (`rows`), loaded and computed where the kernel
+    starts, before its PDL wait: a step's positions and slots are written before any of its kernels
+    runs, so that their loads and the cos and sin (as `rope_cos_sin` computes them) leave the store's
+    path."""
+    if HEAD_DIM > 0:
+        mi = tl.arange(0, M_PAD)
+        slot = tl.load(slot_ptr + mi, mask=mi < M, other=-1).to(tl.int64)
+        _, _, freq, _ = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
+        pos = tl.math.div_rn(tl.load(pos_ptr + mi, mask=mi < M, other=0).to(tl.float32), rope_scale)
+        angle = pos[:, None] * tl.load(freq_ptr + freq)[None, :]
+        return tl.cos(angle), tl.sin(angle), slot, kc_ptr, vc_ptr, stride_cache
+    else:  # (one return compiled: the branch is a constant's)
+        return None
+
+
+@triton.jit
 def store_kv(out_ptr, at, inside, value, rows, kv, M: tl.constexpr, M_PAD: tl.constexpr,
              BLOCK_N: tl.constexpr, KV_Q: tl.constexpr, KV_K: tl.constexpr, HEAD_DIM: tl.constexpr,
              INTERLEAVED: tl.constexpr):  # fmt: skip
     """Store the tile's fp32 `value` (M_PAD, BLOCK_N) of output rows `rows` (`kv_tile_rows`) rounded
     to out's dtype and, in q's and k's rows, rotated (then rounded again): q's and v's at out + `at`
     where `inside`, k's and v's in their cache at each token's slot (k's nowhere else: out's k columns
-    are left as they were). `kv`: the pointers and numbers of
-    `KVWrite.kernel_args`."""
-    pos_ptr, slot_ptr, freq_ptr, kc_ptr, vc_ptr, rope_scale, stride_cache = kv
+    are left as they were). `kv`: `kv_prologue`'s values."""
+    cos, sin, slot, kc_ptr, vc_ptr, stride_cache = kv
     y = value.to(out_ptr.dtype.element_ty)
     start = tl.program_id(0) * BLOCK_N
-    mi = tl.arange(0, M_PAD)
     if start < KV_Q + KV_K:
         x = y.to(tl.float32)
         if INTERLEAVED:  # pairs (2i, 2i + 1): a channel's partner is its neighbour
             partner = tl.reshape(tl.flip(tl.reshape(x, (M_PAD, BLOCK_N // 2, 2)), 2), (M_PAD, BLOCK_N))
         else:  # the tile's two halves are the pairs' two channels (`kv_tile_rows`)
             partner = tl.reshape(tl.flip(tl.reshape(x, (M_PAD, 2, BLOCK_N // 2)), 1), (M_PAD, BLOCK_N))
-        rotated, _, freq, sign = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
-        # as `rope_cos_sin`, for each token's position
-        pos = tl.math.div_rn(tl.load(pos_ptr + mi, mask=mi < M, other=0).to(tl.float32), rope_scale)
-        angle = pos[:, None] * tl.load(freq_ptr + freq)[None, :]
-        y = rope_rotate(x, partner, sign[None, :], tl.cos(angle), tl.sin(angle), rotated[None, :])
+        rotated, _, _, sign = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
+        y = rope_rotate(x, partner, sign[None, :], cos, sin, rotated[None, :])
         y = y.to(out_ptr.dtype.element_ty)
     if start < KV_Q or start >= KV_Q + KV_K:  # k's rows go to the cache only
         tl.store(out_ptr + at, y, mask=inside)
-    slot = tl.load(slot_ptr + mi, mask=mi < M, other=-1).to(tl.int64)
     ok = inside & (slot >= 0)[:, None]
     if start >= KV_Q:
         if start < KV_Q + KV_K:
