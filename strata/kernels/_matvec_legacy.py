@@ -48,8 +48,9 @@ def q8_0_matvec_kernel(
     rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     # Clamped rows load valid bytes; only the store is masked, so the loads need no row mask.
     rc = tl.minimum(rows, N - 1)
-    kv = kv_prologue(rows, kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale,
-                     stride_cache, M, M_PAD, HEAD_DIM, INTERLEAVED)  # fmt: skip
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     if PRELOAD and MATCHED:
         w, d = q8_0_chunk_weights(qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, NB)
@@ -106,8 +107,9 @@ def q5_0_matvec_kernel(
     NB: tl.constexpr = BLOCK_K // 32
     rows = kv_tile_rows(tl.program_id(0) * ROW_TILES, BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
-    kv = kv_prologue(rows, kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale,
-                     stride_cache, M, M_PAD, HEAD_DIM, INTERLEAVED)  # fmt: skip
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     if PRELOAD and MATCHED:
         w_lo, w_hi, d = q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh,

@@ -54,8 +54,9 @@ def q4_k_int8_matvec_kernel(
     NS: tl.constexpr = BLOCK_K // 32
     rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
-    kv = kv_prologue(rows, kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale,
-                     stride_cache, M, M_PAD, HEAD_DIM, INTERLEAVED)  # fmt: skip
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED)
     js = tl.arange(0, NS)
     n_sub = K // 32
     lo, hi = split_range(n_sub, NS, SPLIT_K)

@@ -82,8 +82,9 @@ def q6_k_rows_int8_matvec_kernel(
         d_ptr + grp * (n_half // 2 * R),
     )
     rows = grp * R + tl.arange(0, R)
-    kv = kv_prologue(rows, kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale,
-                     stride_cache, M, M_PAD, HEAD_DIM, False)  # fmt: skip
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, False)
     if PRELOAD:
         first = _quants(planes, tl.minimum(lo, n_half - 1), R)
     await_inputs(PDL)

@@ -133,20 +133,17 @@ def kv_tile_rows(tile, BLOCK_N: tl.constexpr, KV_QK: tl.constexpr, HEAD_DIM: tl.
 @triton.jit
 def kv_prologue(rows, pos_ptr, slot_ptr, freq_ptr, kc_ptr, vc_ptr, rope_scale, stride_cache, M: tl.constexpr,
                 M_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):  # fmt: skip
-    """The K/V write's arguments for `store_kv` (HEAD_DIM > 0; else None): each token's slot and the
+    """The K/V write's arguments for `store_kv` (called where HEAD_DIM > 0): each token's slot and the
     cos and sin of its angles at the tile's channels (`rows`), loaded and computed where the kernel
     starts, before its PDL wait: a step's positions and slots are written before any of its kernels
     runs, so that their loads and the cos and sin (as `rope_cos_sin` computes them) leave the store's
     path."""
-    if HEAD_DIM > 0:
-        mi = tl.arange(0, M_PAD)
-        slot = tl.load(slot_ptr + mi, mask=mi < M, other=-1).to(tl.int64)
-        _, _, freq, _ = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
-        pos = tl.math.div_rn(tl.load(pos_ptr + mi, mask=mi < M, other=0).to(tl.float32), rope_scale)
-        angle = pos[:, None] * tl.load(freq_ptr + freq)[None, :]
-        return tl.cos(angle), tl.sin(angle), slot, kc_ptr, vc_ptr, stride_cache
-    else:  # (one return compiled: the branch is a constant's)
-        return None
+    mi = tl.arange(0, M_PAD)
+    slot = tl.load(slot_ptr + mi, mask=mi < M, other=-1).to(tl.int64)
+    _, _, freq, _ = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
+    pos = tl.math.div_rn(tl.load(pos_ptr + mi, mask=mi < M, other=0).to(tl.float32), rope_scale)
+    angle = pos[:, None] * tl.load(freq_ptr + freq)[None, :]
+    return tl.cos(angle), tl.sin(angle), slot, kc_ptr, vc_ptr, stride_cache
 
 
 @triton.jit
