@@ -105,14 +105,15 @@ def test_split_k_and_a_wider_head():
     assert_same(*run_both(T.Q8_0, heads=2, kv_heads=2, dim=64, config=config, cache_dtype=torch.float16))
 
 
-@pytest.mark.parametrize("parts", ["qkv", "qk"])
-def test_q4_k_planar_int8(parts):
-    assert_same(*run_both(T.Q4_K, parts=parts, m=2, layout="planar"))
+@pytest.mark.parametrize("parts,m", [("qkv", 2), ("qk", 1)])
+def test_q4_k_planar_int8(parts, m):
+    # one row: the flat accumulator's tile of 8 rows; two: tiles of 16
+    assert_same(*run_both(T.Q4_K, parts=parts, m=m, layout="planar"))
 
 
 def test_q6_k_rows_takes_v_only():
     w = pack_quant_weight(random_weight(T.Q6_K, 64, 256, 0).to(DEVICE), T.Q6_K, 64, 256, q6k_layout="rows")
-    assert writes_kv(w, torch.bfloat16, rotates=False) and not writes_kv(w, torch.bfloat16, rotates=True)
+    assert writes_kv(w, torch.bfloat16, False, 32) and not writes_kv(w, torch.bfloat16, True, 32)
     assert_same(*run_both(T.Q6_K, heads=2, kv_heads=2, parts="v", q6k_layout="rows"))
 
 
@@ -133,7 +134,12 @@ def test_where_it_cannot_go():
         quant_matvec(x, w, T.Q5_0, w.n, 256, kv=KVWrite(positions, slots, inv_freq, strided, caches[1],
                                                          "neox").part(q_rows, k_rows))  # fmt: skip
     q4 = pack_quant_weight(random_weight(T.Q4_K, 64, 256, 0).to(DEVICE), T.Q4_K, 64, 256, "blocks")
-    assert not writes_kv(q4, torch.bfloat16, rotates=False)
+    assert not writes_kv(q4, torch.bfloat16, False, 32)
+    with pytest.raises(ValueError, match="no K/V write in the matvec of Q4_K"):
+        quant_matvec(
+            x, q4, T.Q4_K, 64, 256, kv=KVWrite(positions, slots, inv_freq, *caches, "neox").part(0, 32)
+        )
+    assert not writes_kv(w, torch.bfloat16, True, 40)  # heads of 40: the default tiles split pairs
     assert torch.isnan(caches[0]).all() and torch.isnan(caches[1]).all()  # nothing written on the way
 
 
@@ -177,12 +183,15 @@ def test_the_layers_write_what_the_rotary_kernel_writes(monkeypatch, v_type):
     )  # fmt: skip
     h = torch.randn(2, 256).to(torch.bfloat16).to(DEVICE)
 
-    def step(setting: str, rows: str = "4") -> tuple[torch.Tensor, list[torch.Tensor], bool]:
+    def step(
+        setting: str, rows: str = "4", rope_dim: int = 32
+    ) -> tuple[torch.Tensor, list[torch.Tensor], bool]:
         monkeypatch.setenv("STRATA_ROPE_IN_MATVEC", setting)
         monkeypatch.setenv("STRATA_MATVEC_ROWS", rows)
         caches = [k_cache.clone().to(DEVICE), v_cache.clone().to(DEVICE)]
         kv = SimpleNamespace(layer=lambda i: caches)
-        attn = Attention(0, 4, 2, 32**-0.5, None, RotaryEmbedding(32, 10000.0, "neox").to(DEVICE), fused=True)
+        rotary = RotaryEmbedding(rope_dim, 10000.0, "neox").to(DEVICE)
+        attn = Attention(0, 4, 2, 32**-0.5, None, rotary, fused=True)
         projections.matvec_rows = int(rows)
         for part in projections.parts.values():
             part.matvec_rows = int(rows)
@@ -199,6 +208,9 @@ def test_the_layers_write_what_the_rotary_kernel_writes(monkeypatch, v_type):
     for c, wc in zip(caches, want_caches, strict=True):
         assert torch.equal(c.isnan(), wc.isnan()) and torch.equal(c.nan_to_num(), wc.nan_to_num())
     assert not step("1", rows="1")[2]  # two rows: the projections take the matmul, the rotary kernel runs
+    assert not step("1", rope_dim=16)[2]  # partial rotary: the rotary kernel
+    monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "1")
+    assert not step("1")[2]  # the attention kernel rotates and writes instead
 
 
 @pytest.mark.skipif(

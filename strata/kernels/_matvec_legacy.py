@@ -50,7 +50,7 @@ def q8_0_matvec_kernel(
     rc = tl.minimum(rows, N - 1)
     kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
-        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED, KV_Q + KV_K > 0)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     if PRELOAD and MATCHED:
         w, d = q8_0_chunk_weights(qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, NB)
@@ -105,11 +105,12 @@ def q5_0_matvec_kernel(
     it is multiplied (the first's before the wait); each tile's operations are those of a program of
     one tile, so the same bits."""
     NB: tl.constexpr = BLOCK_K // 32
+    tl.static_assert(ROW_TILES == 1 or HEAD_DIM == 0, "the K/V write takes one row tile a program")
     rows = kv_tile_rows(tl.program_id(0) * ROW_TILES, BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
     kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
-        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED, KV_Q + KV_K > 0)
     lo, hi = split_range(K // 32, NB, SPLIT_K)
     if PRELOAD and MATCHED:
         w_lo, w_hi, d = q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh,

@@ -56,7 +56,7 @@ def q4_k_int8_matvec_kernel(
     rc = tl.minimum(rows, N - 1)
     kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
-        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED, KV_Q + KV_K > 0)
     js = tl.arange(0, NS)
     n_sub = K // 32
     lo, hi = split_range(n_sub, NS, SPLIT_K)

@@ -84,7 +84,7 @@ def q6_k_rows_int8_matvec_kernel(
     rows = grp * R + tl.arange(0, R)
     kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
-        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, False)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, False, ROTATES=False)
     if PRELOAD:
         first = _quants(planes, tl.minimum(lo, n_half - 1), R)
     await_inputs(PDL)

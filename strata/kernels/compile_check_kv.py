@@ -35,7 +35,7 @@ def kv_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         int8_split = dict(split, USE_ASM=True, ROWS_AT_ONCE=False)
         out.append((f"Q4_K int8 {name} M=3 split=2", q4_k_int8_matvec_kernel, int8_split, KV_POINTERS))
     pointers = {"ql_ptr": "*i32", "qh_ptr": "*i32", "sc_ptr": "*i8", "d_ptr": "*fp16", **KV_POINTERS}
-    for split in (1, 32):
-        v = dict(R=64, SPLIT_K=split, HAS_BIAS=False, USE_ASM=True, PDL=True, NUM_WARPS=2, HEAD_DIM=128)
-        out.append((f"q6_k_rows kv v split={split}", q6_k_rows_int8_matvec_kernel, v, pointers))
+    for splits in (1, 32):
+        v = dict(R=64, SPLIT_K=splits, HAS_BIAS=False, USE_ASM=True, PDL=True, NUM_WARPS=2, HEAD_DIM=128)
+        out.append((f"q6_k_rows kv v split={splits}", q6_k_rows_int8_matvec_kernel, v, pointers))
     return out

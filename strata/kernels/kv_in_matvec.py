@@ -53,6 +53,17 @@ class KVWrite:
         """This write for a projection whose first `q_rows` rows are q's, the next `k_rows` k's."""
         return replace(self, q_rows=q_rows, k_rows=k_rows)
 
+    def parts(self, sizes: list[int]) -> list[KVWrite | None]:
+        """This write (for q, k, v side by side) for each of the projections of `sizes` rows that
+        make them up, in order: the q and k rows among each one's own."""
+        out: list[KVWrite | None] = []
+        start, qk = 0, self.q_rows + self.k_rows
+        for n in sizes:
+            q = max(0, min(start + n, self.q_rows) - start)
+            out.append(self.part(q, max(0, min(start + n, qk) - max(start, self.q_rows))))
+            start += n
+        return out
+
     def kernel_args(self, out: torch.Tensor, block_n: int, v_only: bool = False) -> dict[str, object]:
         """The matvec kernels' launch arguments for an output `out` (tokens, n) in row tiles of
         `block_n`; raises where the write cannot go in that launch. `v_only`: for a kernel that takes
@@ -83,7 +94,7 @@ class KVWrite:
             raise ValueError(
                 "the K/V write in the matvec needs caches of (slots, kv_heads, head_dim) with contiguous "
                 f"slots, of one shape and strides; got {tuple(k_cache.shape)} {k_cache.stride()} and "
-                f"{tuple(v_cache.shape)} {v_cache.stride()}"
+                f"{tuple(v_cache.shape)} {v_cache.stride()}; pass KVCache.layer's views, or leave kv out"
             )
         if (
             min(self.q_rows, self.k_rows, v_rows) < 0
@@ -92,20 +103,24 @@ class KVWrite:
         ):
             raise ValueError(
                 f"a projection of {n} rows cannot hold q {self.q_rows}, k {self.k_rows} and v {v_rows} rows "
-                f"of whole heads of {hd} (at most {kv_heads} KV heads)"
+                f"of whole heads of {hd} (at most {kv_heads} KV heads); pass part(q_rows, k_rows) of this "
+                "projection's own rows"
             )
         if self.q_rows + self.k_rows and (hd % block_n or block_n < 2):
             raise ValueError(
-                f"the rotary embedding in the matvec needs row tiles that divide head_dim {hd}, got {block_n}"
+                f"the rotary embedding in the matvec needs row tiles that divide head_dim {hd}, got "
+                f"{block_n}; use a MatvecConfig whose block_n divides it, or leave kv out"
             )
         if self.inv_freq.shape != (hd // 2,) or self.inv_freq.dtype != torch.float32:
             raise ValueError(
-                f"inv_freq must be ({hd // 2},) fp32 (the whole head rotated), got {self.inv_freq}"
+                f"inv_freq must be ({hd // 2},) fp32 (the whole head rotated), got "
+                f"{tuple(self.inv_freq.shape)} {self.inv_freq.dtype}"
             )
         for name, t in (("positions", self.positions), ("slot_mapping", self.slot_mapping)):
             if t.dtype not in _INDEX or t.dim() != 1 or t.shape[0] < m or t.device != out.device:
                 raise ValueError(
-                    f"{name} must be ({m},) int32/int64 on {out.device}, got {tuple(t.shape)} {t.dtype}"
+                    f"{name} must be 1-D int32/int64 on {out.device} with at least {m} entries (one a row), "
+                    f"got {tuple(t.shape)} {t.dtype} on {t.device}"
                 )
         if self.layout not in ("neox", "interleaved") or not self.scale > 0:
             raise ValueError(
@@ -132,18 +147,23 @@ def kv_tile_rows(tile, BLOCK_N: tl.constexpr, KV_QK: tl.constexpr, HEAD_DIM: tl.
 
 @triton.jit
 def kv_prologue(rows, pos_ptr, slot_ptr, freq_ptr, kc_ptr, vc_ptr, rope_scale, stride_cache, M: tl.constexpr,
-                M_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr):  # fmt: skip
+                M_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
+                ROTATES: tl.constexpr = True):  # fmt: skip
     """The K/V write's arguments for `store_kv` (called where HEAD_DIM > 0): each token's slot and the
     cos and sin of its angles at the tile's channels (`rows`), loaded and computed where the kernel
     starts, before its PDL wait: a step's positions and slots are written before any of its kernels
     runs, so that their loads and the cos and sin (as `rope_cos_sin` computes them) leave the store's
-    path."""
+    path. Without ROTATES (a launch of v's rows only) no cos or sin is computed (or held)."""
     mi = tl.arange(0, M_PAD)
     slot = tl.load(slot_ptr + mi, mask=mi < M, other=-1).to(tl.int64)
-    _, _, freq, _ = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
-    pos = tl.math.div_rn(tl.load(pos_ptr + mi, mask=mi < M, other=0).to(tl.float32), rope_scale)
-    angle = pos[:, None] * tl.load(freq_ptr + freq)[None, :]
-    return tl.cos(angle), tl.sin(angle), slot, kc_ptr, vc_ptr, stride_cache
+    if ROTATES:
+        _, _, freq, _ = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
+        pos = tl.math.div_rn(tl.load(pos_ptr + mi, mask=mi < M, other=0).to(tl.float32), rope_scale)
+        angle = pos[:, None] * tl.load(freq_ptr + freq)[None, :]
+        cos, sin = tl.cos(angle), tl.sin(angle)
+    else:  # (a constant's branch: one of the two is compiled)
+        cos, sin = rope_scale, rope_scale  # unread: `store_kv` rotates no row
+    return cos, sin, slot, kc_ptr, vc_ptr, stride_cache
 
 
 @triton.jit

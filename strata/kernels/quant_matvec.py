@@ -231,7 +231,7 @@ def quant_matvec(
     first. `accumulate`: out += y (out given; e.g. a residual stream), rounded as torch's `out + y`
     for y in out's dtype, in the matvec's store. `kv`: y's rows are a decode step's q, k, v (as
     `kv.q_rows`, `kv.k_rows` say), stored rotated and written to the caches (`kv_in_matvec`; one row
-    tile a program, not with `accumulate`; the kernels `kv_matvec_kernel` names).
+    tile a program, not with `accumulate`; the kernels `writes_kv` names).
 
     `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
     `PackedQuantWeight` from `pack_quant_weight` (pack once at load). `out`, when given, is written in
@@ -315,7 +315,7 @@ def quant_matvec(
     check_flags(cfg, packed, int8_x, m)
     kv_args: dict[str, object] | None = None
     if kv is not None:
-        path = _kv_path(packed, int8_x, config is None)
+        path = _kv_path(packed, int8_x, own_tile=config is None)
         if path is None or accumulate:
             raise ValueError(
                 f"no K/V write in the matvec of {qtype.name} ({packed.layout}, int8 x {int8_x}) or with "
@@ -384,18 +384,19 @@ def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
     return m == 1 and not int8 and _norm_kernel(w) and w.k <= _MAX_BLOCK
 
 
-def writes_kv(w: PackedQuantWeight, x_dtype: torch.dtype, rotates: bool) -> bool:
+def writes_kv(w: PackedQuantWeight, x_dtype: torch.dtype, rotates: bool, head_dim: int) -> bool:
     """Whether `quant_matvec(x, w, ..., kv=...)` can write K/V in its store for rows of x_dtype:
     rows of q or k (`rotates`) in Q5_0's and Q8_0's fp32-x kernels and Q4_K's planar int8 kernel,
-    rows of v also in Q6_K's rows kernel."""
-    path = _kv_path(w, x_dtype != torch.float32 and int8_order(w) is not None, True)
-    return path == "tile" or (path == "rows" and not rotates)
+    for heads of a multiple of 16 (the default row tiles of 8 and 16 then hold whole pairs), rows of
+    v also in Q6_K's rows kernel."""
+    path = _kv_path(w, x_dtype != torch.float32 and int8_order(w) is not None, own_tile=True)
+    return (path == "tile" and not (rotates and head_dim % 16)) or (path == "rows" and not rotates)
 
 
-def _kv_path(w: PackedQuantWeight, int8_x: bool, tuned: bool) -> str | None:
+def _kv_path(w: PackedQuantWeight, int8_x: bool, own_tile: bool) -> str | None:
     """The kernel that takes a K/V write for w: "tile" (one taking `kv_tile_rows`), "rows" (Q6_K's
-    rows kernel: v's rows only), None (none)."""
-    if int8_x and w.layout == "rows" and tuned:
+    rows kernel: v's rows only), None (none); `own_tile`: no MatvecConfig given."""
+    if int8_x and w.layout == "rows" and own_tile:
         return None if w.planar else "rows"
     if int8_x:
         return "tile" if w.planar else None

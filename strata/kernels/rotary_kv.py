@@ -61,8 +61,8 @@ def rope_rotate(x, x_partner, sign, cos, sin, rotated):
 def rope_pair(x1, x2, cos, sin):
     """A pair's channels rotated (fp32): x1 * cos - x2 * sin, x2 * cos + x1 * sin, each an explicit
     fused multiply-add of the rounded second product. Left to the compiler, which product an FMA
-    takes is chosen per kernel (the seventeenth and twenty-eighth sessions found kernels an ulp apart
-    on the GPU); spelled out, every kernel and the interpreter round alike."""
+    takes is chosen per kernel: the rotary kernel and a matvec's store that rotates computed values an
+    fp32 ulp apart on an H100. Spelled out, every kernel and the interpreter round alike."""
     return tl.fma(x1, cos, -(x2 * sin)), tl.fma(x2, cos, x1 * sin)
 
 

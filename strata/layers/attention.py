@@ -64,7 +64,7 @@ class Attention(nn.Module):
         k_cache, v_cache = kv.layer(self.layer)
         dim = k_cache.shape[-1]
         q_rows, k_rows = self.num_heads * dim, self.num_kv_heads * dim
-        if r.dim != dim or not projections.writes_kv(x, q_rows, k_rows):
+        if r.dim != dim or not projections.writes_kv(x, q_rows, k_rows, dim):
             return None
         from strata.kernels.kv_in_matvec import KVWrite
 

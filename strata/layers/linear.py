@@ -190,6 +190,8 @@ class QuantLinear(nn.Module):
             x = F.pad(x, self.pad)  # (..., in_features): this rank's columns in its window, zeros around
         if not self.all_reduce:
             return self._partial(x, up, act, norm, add_to, kv)
+        if kv is not None:
+            raise ValueError("a row-parallel projection cannot write K/V in its matvec (see writes_kv)")
         y = all_reduce(self._partial(x, up, act), self.tp)
         return y if add_to is None else add_to.add_(y)
 
@@ -202,15 +204,16 @@ class QuantLinear(nn.Module):
 
         return takes_norm(self.packed, x.dtype, 1)
 
-    def writes_kv(self, x: torch.Tensor, rotates: bool) -> bool:
+    def writes_kv(self, x: torch.Tensor, rotates: bool, head_dim: int) -> bool:
         """Whether `forward(x, kv=...)` writes K/V in the matvec's store (`quant_matvec.writes_kv`): rows
-        of x few enough for the matvec, the whole weight on this rank; `rotates`: rows of q or k."""
+        of x few enough for the matvec, the weight neither padded nor row-parallel; `rotates`: rows of
+        q or k, in heads of `head_dim`."""
         rows = x.numel() // max(1, x.shape[-1])
         if self.packed is None or self.pad is not None or self.all_reduce or rows > self.matvec_rows:
             return False
         from strata.kernels.quant_matvec import writes_kv
 
-        return writes_kv(self.packed, x.dtype, rotates)
+        return writes_kv(self.packed, x.dtype, rotates, head_dim)
 
     def _partial(
         self,
@@ -343,15 +346,15 @@ class Projections(nn.Module):
         """The layers `prefix.name` of the file, for each name in order."""
         return cls({n: QuantLinear.load(gguf, f"{prefix}.{n}", place) for n in names}, place)
 
-    def writes_kv(self, x: torch.Tensor, q_rows: int, k_rows: int) -> bool:
+    def writes_kv(self, x: torch.Tensor, q_rows: int, k_rows: int, head_dim: int) -> bool:
         """Whether every part's matvec takes a K/V write (`QuantLinear.writes_kv`) for x, the outputs'
-        first `q_rows` rows being q's, the next `k_rows` k's."""
+        first `q_rows` rows being q's, the next `k_rows` k's, in heads of `head_dim`."""
         rows = x.numel() // max(1, x.shape[-1])
         if self.stacked is not None and rows >= self.stacked[2]:
             return False
         start = 0
         for part in self.parts.values():
-            if not (isinstance(part, QuantLinear) and part.writes_kv(x, start < q_rows + k_rows)):
+            if not (isinstance(part, QuantLinear) and part.writes_kv(x, start < q_rows + k_rows, head_dim)):
                 return False
             start += part.out_features
         return True
@@ -364,12 +367,13 @@ class Projections(nn.Module):
         outputs are q, k, v, written to the cache by the parts' matvecs (`kv.q_rows` and `kv.k_rows`
         for all of them)."""
         parts = list(self.parts.values())
-        kvs = [None] * len(parts) if kv is None else _kv_parts(kv, [sum(sizes) for sizes in self.sizes])
+        kvs = [None] * len(parts) if kv is None else kv.parts([sum(sizes) for sizes in self.sizes])
         if norm is not None and not all(isinstance(p, QuantLinear) and p.takes_norm(x) for p in parts):
             x, norm = norm.normed(x), None
         rows = x.numel() // max(1, x.shape[-1])
         if self.stacked is not None and rows >= self.stacked[2] and x.dtype == self.stacked[0].dtype:
-            assert norm is None  # applied above: a matvec takes the norm on one row only (`takes_norm`)
+            # norm: applied above (a matvec takes it on one row only, `takes_norm`); kv: see `writes_kv`
+            assert norm is None and kv is None
             y = F.linear(x, self.stacked[0], self.stacked[1])
             return list(y.split([n for sizes in self.sizes for n in sizes], dim=-1))
         if self.concurrent and x.is_cuda and rows <= self.matvec_rows:
@@ -383,17 +387,6 @@ class Projections(nn.Module):
 
 
 _SIDE_STREAMS: dict[torch.device, list[torch.cuda.Stream]] = {}
-
-
-def _kv_parts(kv: KVWrite, sizes: list[int]) -> list[KVWrite | None]:
-    """`kv` for each part of `sizes` rows, side by side: the q and k rows among each part's own."""
-    out: list[KVWrite | None] = []
-    start, qk = 0, kv.q_rows + kv.k_rows
-    for n in sizes:
-        q = max(0, min(start + n, kv.q_rows) - start)
-        out.append(kv.part(q, max(0, min(start + n, qk) - max(start, kv.q_rows))))
-        start += n
-    return out
 
 
 def _side_by_side(
