@@ -143,8 +143,8 @@ def test_where_it_cannot_go():
     assert torch.isnan(caches[0]).all() and torch.isnan(caches[1]).all()  # nothing written on the way
 
 
-@pytest.mark.parametrize("v_type", [T.Q5_0, T.Q8_0])
-def test_the_layers_write_what_the_rotary_kernel_writes(monkeypatch, v_type):
+@pytest.mark.parametrize("v_type,layout", [(T.Q5_0, "neox"), (T.Q8_0, "neox"), (T.Q8_0, "interleaved")])
+def test_the_layers_write_what_the_rotary_kernel_writes(monkeypatch, v_type, layout):
     # Attention over the output of q, k, v projections (a stacked Q5_0 q+k+v, or q+k beside a Q8_0 v)
     # for two decode rows: with the setting, the projections rotate and write K/V (`Attention.kv_write`)
     # and the attention output and both caches equal those of the rotary kernel's launch; without it,
@@ -190,7 +190,7 @@ def test_the_layers_write_what_the_rotary_kernel_writes(monkeypatch, v_type):
         monkeypatch.setenv("STRATA_MATVEC_ROWS", rows)
         caches = [k_cache.clone().to(DEVICE), v_cache.clone().to(DEVICE)]
         kv = SimpleNamespace(layer=lambda i: caches)
-        rotary = RotaryEmbedding(rope_dim, 10000.0, "neox").to(DEVICE)
+        rotary = RotaryEmbedding(rope_dim, 10000.0, layout).to(DEVICE)
         attn = Attention(0, 4, 2, 32**-0.5, None, rotary, fused=True)
         projections.matvec_rows = int(rows)
         for part in projections.parts.values():
