@@ -52,18 +52,17 @@ def rope_cos_sin(positions_ptr, t, inv_freq_ptr, scale, freq, rotated):
 @triton.jit
 def rope_rotate(x, x_partner, sign, cos, sin, rotated):
     """x rotated channel by channel (fp32): x * cos - partner * sin on a pair's first channel, x * cos
-    + partner * sin on its second, x past rope_dim; as `rope_pair` rounds them (the sign multiplies
-    exactly), so the same bits as `_rotary_kv_kernel`'s in every kernel."""
+    + partner * sin on its second, x past rope_dim; each an explicit fused multiply-add of the rounded
+    partner product (the sign multiplies exactly). Left to the compiler, which product an FMA takes
+    is chosen per kernel: the rotary kernel and a matvec's store that rotates computed values an fp32
+    ulp apart on an H100. Spelled out, every kernel and the interpreter round alike."""
     return tl.where(rotated, tl.fma(x, cos, (sign * x_partner) * sin), x)
 
 
 @triton.jit
 def rope_pair(x1, x2, cos, sin):
-    """A pair's channels rotated (fp32): x1 * cos - x2 * sin, x2 * cos + x1 * sin, each an explicit
-    fused multiply-add of the rounded second product. Left to the compiler, which product an FMA
-    takes is chosen per kernel: the rotary kernel and a matvec's store that rotates computed values an
-    fp32 ulp apart on an H100. Spelled out, every kernel and the interpreter round alike."""
-    return tl.fma(x1, cos, -(x2 * sin)), tl.fma(x2, cos, x1 * sin)
+    """A pair's two channels rotated (`rope_rotate` of each with the other as its partner)."""
+    return rope_rotate(x1, x2, -1.0, cos, sin, True), rope_rotate(x2, x1, 1.0, cos, sin, True)
 
 
 @triton.jit
