@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from strata.kernels.rotary_kv import rope_channels, rope_rotate
+from strata.kernels.rotary_kv import rope_channels, rope_cos_sin, rope_rotate
 
 _INDEX = (torch.int32, torch.int64)
 
@@ -152,15 +152,14 @@ def kv_prologue(rows, pos_ptr, slot_ptr, freq_ptr, kc_ptr, vc_ptr, rope_scale, s
     """The K/V write's arguments for `store_kv` (called where HEAD_DIM > 0): each token's slot and the
     cos and sin of its angles at the tile's channels (`rows`), loaded and computed where the kernel
     starts, before its PDL wait: a step's positions and slots are written before any of its kernels
-    runs, so that their loads and the cos and sin (as `rope_cos_sin` computes them) leave the store's
-    path. Without ROTATES (a launch of v's rows only) no cos or sin is computed (or held)."""
+    runs, so that their loads and the cos and sin (`rope_cos_sin`) leave the store's path. Without
+    ROTATES (a launch of v's rows only) no cos or sin is computed (or held)."""
     mi = tl.arange(0, M_PAD)
     slot = tl.load(slot_ptr + mi, mask=mi < M, other=-1).to(tl.int64)
-    if ROTATES:
-        _, _, freq, _ = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
-        pos = tl.math.div_rn(tl.load(pos_ptr + mi, mask=mi < M, other=0).to(tl.float32), rope_scale)
-        angle = pos[:, None] * tl.load(freq_ptr + freq)[None, :]
-        cos, sin = tl.cos(angle), tl.sin(angle)
+    if ROTATES:  # the padding rows (M .. M_PAD) take the last token's angles, which nothing stores
+        rotated, _, freq, _ = rope_channels(rows % HEAD_DIM, HEAD_DIM, INTERLEAVED)
+        t = tl.minimum(mi, M - 1)[:, None]
+        cos, sin = rope_cos_sin(pos_ptr, t, freq_ptr, rope_scale, freq[None, :], rotated[None, :])
     else:  # (a constant's branch: one of the two is compiled)
         cos, sin = rope_scale, rope_scale  # unread: `store_kv` rotates no row
     return cos, sin, slot, kc_ptr, vc_ptr, stride_cache
