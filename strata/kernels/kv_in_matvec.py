@@ -69,17 +69,17 @@ class KVWrite:
         `block_n`; raises where the write cannot go in that launch. `v_only`: for a kernel that takes
         v's rows only (Q6_K's rows layout: no KV_Q, KV_K, INTERLEAVED)."""
         self.check(out, block_n)
-        if v_only:
-            if self.q_rows or self.k_rows:
-                raise ValueError(f"{self.q_rows} q and {self.k_rows} k rows need a kernel that rotates")
-            args = self.kernel_args(out, block_n)
-            return {k: v for k, v in args.items() if k not in ("KV_Q", "KV_K", "INTERLEAVED")}
-        return {
+        args: dict[str, object] = {
             "kv_pos_ptr": self.positions, "kv_slot_ptr": self.slot_mapping, "kv_freq_ptr": self.inv_freq,
             "k_cache_ptr": self.k_cache, "v_cache_ptr": self.v_cache, "rope_scale": float(self.scale),
-            "stride_cache": self.k_cache.stride(0), "KV_Q": self.q_rows, "KV_K": self.k_rows,
-            "HEAD_DIM": self.head_dim, "INTERLEAVED": self.layout == "interleaved",
+            "stride_cache": self.k_cache.stride(0), "HEAD_DIM": self.head_dim,
         }  # fmt: skip
+        if not v_only:
+            interleaved = self.layout == "interleaved"
+            return args | {"KV_Q": self.q_rows, "KV_K": self.k_rows, "INTERLEAVED": interleaved}
+        if self.q_rows or self.k_rows:
+            raise ValueError(f"{self.q_rows} q and {self.k_rows} k rows need a kernel that rotates")
+        return args
 
     def check(self, out: torch.Tensor, block_n: int) -> None:
         m, n = out.shape
