@@ -1,7 +1,7 @@
 """The fused matvec as decode runs it: inside a CUDA graph, on the exact decode shapes, per tile config.
 
     python benchmarks/gpu_matvec_graph.py [--models 0.5b,7b] [--types Q4_K,Q6_K] [--layouts blocks,planar]
-        [--tensor-core] [--m 1] [--splits 2,3,4] [--calls 40] [--out DIR]
+        [--tensor-core] [--m 1] [--splits 2,3,4] [--calls 40] [--int8-ready] [--out DIR]
     python benchmarks/gpu_matvec_graph.py --smoke     # the script itself, in Triton's interpreter
 
 `benchmarks/gpu_kernels.py` times one launch at a time with do_bench, which for the 0.5B's small
@@ -40,6 +40,7 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
 
+from strata.kernels.int8_inputs import quantize_x  # noqa: E402
 from strata.kernels.matvec_tiles import env_tile  # noqa: E402
 from strata.kernels.quant_matmul import MatmulConfig, quant_matmul  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec  # noqa: E402
@@ -86,7 +87,8 @@ def configs(
     x and all rows of a step at once (M > 1) or a flat accumulator (M = 1, also Q5_0); Q6_K, Q8_0 and
     Q5_0 also with int8 x (--int8-only: the int8 configs alone); fp32-x Q8_0 and Q5_0 also with
     matched loads and, where a program takes one K step, with its weights loaded before the PDL wait
-    (plain and matched; the int8 Q4_K and Q6_K kernels: their first step's); Q5_0's matched preload on
+    (plain and matched; the int8 Q4_K and Q6_K kernels: their first step's; the int8 Q8_0 and Q5_0
+    kernels: matched, and matched and preloaded); Q5_0's matched preload on
     tall weights (512 tiles and more) also with 2-4 row tiles a program.
     Matmul (with --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand
     orders, as a candidate for 16-bit x."""
@@ -156,6 +158,12 @@ def configs(
                     out.append(replace(scalar, prefetch=True, max_registers=96))
                     out += [replace(scalar, paired_dm=True), replace(scalar, paired_dm=True, prefetch=True)]
                     out.append(replace(scalar, preload=True))  # the first step's weights before the wait
+            if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8:  # the dp4a kernel's matched loads (preloaded)
+                out.append(MatvecConfig(bn, bk, split, warps, int8_x=True, matched_loads=True))
+                if -(-k // 32 // split) <= bk // 32:
+                    out.append(
+                        MatvecConfig(bn, bk, split, warps, int8_x=True, matched_loads=True, preload=True)
+                    )
             if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8 is None:  # and every load in one layout
                 out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
                 if -(-k // 32 // split) <= bk // 32:  # one step a program: its weights before the wait
@@ -171,11 +179,11 @@ def configs(
     return out
 
 
-def launch(x: torch.Tensor, w: PackedQuantWeight, out: torch.Tensor, cfg: Config) -> None:
+def launch(x: torch.Tensor, w: PackedQuantWeight, out: torch.Tensor, cfg: Config, x_int8=None) -> None:
     if isinstance(cfg, MatmulConfig):
         quant_matmul(x, w, out=out, config=cfg)
     else:
-        quant_matvec(x, w, w.qtype, w.n, w.k, out=out, config=cfg)
+        quant_matvec(x, w, w.qtype, w.n, w.k, out=out, config=cfg, x_int8=x_int8)
 
 
 def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: Config) -> bool:
@@ -210,9 +218,15 @@ def with_splits(candidates: list[Config], splits: list[int]) -> list[Config]:
     return out
 
 
-def graph_us(x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, calls: int) -> float:
+def graph_us(
+    x: torch.Tensor, weights: list[PackedQuantWeight], cfg: Config, calls: int, int8_ready: bool = False
+) -> float:
+    """Per-call time of `cfg` in a graph; `int8_ready`: an int8-x config reads x quantized once before
+    the graph (in both orders), as decode reads a norm's or the attention merge's copy, so that its
+    time is the matvec's alone rather than the matvec's and a `quantize_x` launch's."""
     out = torch.empty(x.shape[0], weights[0].n, dtype=x.dtype, device=x.device)
-    return graph_call_us(lambda i: launch(x, weights[i % len(weights)], out, cfg), calls)
+    ready = {planar: quantize_x(x, planar=planar) for planar in (False, True)} if int8_ready else None
+    return graph_call_us(lambda i: launch(x, weights[i % len(weights)], out, cfg, ready), calls)
 
 
 def graph_call_us(run: Callable[[int], None], calls: int) -> float:
@@ -289,6 +303,11 @@ def main() -> int:
     p.add_argument("--layouts", default="blocks,planar", help="Q4_K packings to sweep")
     p.add_argument("--tensor-core", action="store_true", help="also time the tensor-core matmul")
     p.add_argument("--int8-only", action="store_true", help="only the int8-x configs (and the default)")
+    p.add_argument(
+        "--int8-ready",
+        action="store_true",
+        help="int8-x configs read x quantized before the graph (see graph_us)",
+    )
     p.add_argument("--m", type=int, default=1, help="activation rows (1 = batch-1 decode)")
     p.add_argument("--tiles", default="", help="only matvec tiles BLOCK_NxBLOCK_K, e.g. 8x2048,8x1024")
     p.add_argument("--splits", default="", help="also each matvec tile at these K splits, e.g. 2,3,4")
@@ -344,7 +363,7 @@ def main() -> int:
             if args.smoke:
                 results.append((cfg, math.nan))
                 continue
-            results.append((cfg, graph_us(x, weights, cfg, args.calls)))
+            results.append((cfg, graph_us(x, weights, cfg, args.calls, args.int8_ready)))
         timed = [r for r in results if math.isfinite(r[1])] or results
         best = min(timed, key=lambda r: r[1] if math.isfinite(r[1]) else 0.0)
         default_us = next((us for cfg, us in results if cfg == default), math.nan)

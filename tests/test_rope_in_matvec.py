@@ -2,7 +2,7 @@
 (STRATA_ROPE_IN_MATVEC, `kernels.kv_in_matvec`): the same bits as the matvec followed by
 `rotary_kv_write`, in the output (q rotated, v as it is; k's columns are not written) and in every
 cache slot (the rest left untouched), for each kernel that takes it (Q5_0's and Q8_0's fp32-x
-kernels, Q4_K's planar int8 kernel, Q6_K's rows kernel for v), both pair layouts, a linear RoPE
+and int8-x kernels, Q4_K's planar int8 kernel, Q6_K's rows kernel for v), both pair layouts, a linear RoPE
 scale, split-K, several tokens and a padding token (negative slot); clear errors where it cannot go."""
 
 from __future__ import annotations
@@ -109,6 +109,14 @@ def test_split_k_and_a_wider_head():
 def test_q4_k_planar_int8(parts, m):
     # one row: the flat accumulator's tile of 8 rows; two: tiles of 16
     assert_same(*run_both(T.Q4_K, parts=parts, m=m, layout="planar"))
+
+
+@pytest.mark.parametrize("qtype,m,parts", [(T.Q5_0, 1, "qkv"), (T.Q8_0, 2, "qk"), (T.Q5_0, 3, "v")])
+def test_legacy_int8_kernels(qtype, m, parts):
+    # Q5_0 and Q8_0 on int8 x (STRATA_INT8_X): the dp4a kernel's store rotates and writes
+    w = pack_quant_weight(random_weight(qtype, 96, 256, 0).to(DEVICE), qtype, 96, 256)
+    assert writes_kv(w, torch.bfloat16, True, 32)  # fp32 x there by default, int8 x with the setting
+    assert_same(*run_both(qtype, m=m, parts=parts, config=MatvecConfig(8, 256, 1, int8_x=True)))
 
 
 def test_q6_k_rows_takes_v_only():

@@ -15,11 +15,15 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dot_rows, _x_rows
-from strata.kernels.pdl import await_inputs
-
-# The GGML ids of the two types, for the kernel's constexpr branch.
-Q5_0: tl.constexpr = tl.constexpr(6)
-Q8_0: tl.constexpr = tl.constexpr(8)
+from strata.kernels._matvec_legacy_int8_matched import (
+    Q8_0,
+    int8_chunk_dot,
+    int8_chunk_weights,
+    int8_chunks,
+    q5_0_signed_words,
+)
+from strata.kernels.kv_in_matvec import kv_prologue, kv_tile_rows
+from strata.kernels.pdl import await_inputs, await_inputs_after
 
 
 @triton.jit
@@ -30,9 +34,7 @@ def _q5_0_words(qs_ptr, qh_ptr, rc, blk, valid, stride_qs, stride_qh):
     qs = tl.load(qs_ptr + rc * stride_qs + blk * 4 + j % 4, mask=valid, other=0)
     nib = (qs >> (4 * (j // 4))) & 0x0F0F0F0F
     qh = tl.load(qh_ptr + rc * stride_qh + blk, mask=valid, other=0)  # (BLOCK_N, NB, 1)
-    fifth = ((((qh >> (4 * j)) & 15) * 0x00204081) & 0x01010101) << 4
-    w = (((nib | fifth).to(tl.uint32, bitcast=True) | 0x80808080) - 0x10101010) ^ 0x80808080
-    return w.to(tl.int32, bitcast=True)
+    return q5_0_signed_words(nib, qh, j)
 
 
 @triton.jit
@@ -42,18 +44,53 @@ def legacy_int8_matvec_kernel(
     stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     QTYPE: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    ADD: tl.constexpr = False, PDL: tl.constexpr = False, MATCHED: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,
+    kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
+    stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
+    INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """qs_ptr is an int32 view of the quants (stride in words); qh_ptr Q5_0's int32 qh (Q8_0: unused).
-    Every row of x at once (M_PAD of them)."""
+    Every row of x at once (M_PAD of them). MATCHED (M = 1): `_matvec_legacy_int8_matched`'s loop, every
+    load in one thread layout; with PRELOAD (one step a program), its step's weights loaded and decoded
+    before the PDL wait. The kv_* arguments to INTERLEAVED: the K/V write in the store (as
+    `_matvec_legacy`'s Q8_0)."""
     NB: tl.constexpr = BLOCK_K // 32
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc1 = tl.minimum(rows, N - 1)
+    n_blocks = K // 32
+    kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
+    if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
+        kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED, KV_Q + KV_K > 0)
+    lo, hi = split_range(n_blocks, NB, SPLIT_K)
+    tl.static_assert(not PRELOAD or MATCHED, "PRELOAD runs the matched step")
+    if PRELOAD:  # the decode before the wait (`await_inputs_after`): a float token of every word
+        w, d = int8_chunk_weights(
+            qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d, QTYPE, NB
+        )
+        await_inputs_after((tl.sum(w, 3).to(tl.float32) * d).to(tl.int32, bitcast=True), PDL)
+        acc = tl.zeros((BLOCK_N, NB, 2), tl.float32)
+        acc = int8_chunk_dot(acc, xq_ptr, xd_ptr, w, d, lo, hi, BLOCK_N, NB, USE_ASM)
+        acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
+    elif MATCHED:
+        await_inputs(PDL)
+        acc = int8_chunks(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d,
+                          QTYPE, BLOCK_N, NB, USE_ASM)[None, :]  # fmt: skip
+    else:
+        await_inputs(PDL)
+        acc = _rows(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, n_blocks, stride_qs, stride_qh,
+                    stride_d, QTYPE, M, M_PAD, BLOCK_N, NB, USE_ASM)  # fmt: skip
+    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
+               SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _rows(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, n_blocks, stride_qs, stride_qh, stride_d,
+          QTYPE: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
+          USE_ASM: tl.constexpr):  # fmt: skip
+    """Every row of x times row tile rc1 over blocks [lo, hi): (M_PAD, BLOCK_N) fp32."""
     rc = rc1[:, None, None]
     j = tl.arange(0, 8)[None, None, :]
-    n_blocks = K // 32
-    lo, hi = split_range(n_blocks, NB, SPLIT_K)
-    await_inputs(PDL)
     acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
         blk1 = b0 + tl.arange(0, NB)
@@ -69,5 +106,4 @@ def legacy_int8_matvec_kernel(
         d = tl.load(d_ptr + rc1[:, None] * stride_d + blk1[None, :], mask=bv[None, :], other=0).to(tl.float32)
         part = d[None, :, :] * dot * dx[:, None, :]
         acc += tl.sum(part, 2)
-    store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+    return acc

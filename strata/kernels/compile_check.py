@@ -55,9 +55,15 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         # The int8-x matvecs.
         int8 = dict(tile, USE_ASM=True)
         for qtype in (6, 8):
-            out.append(
-                (f"legacy int8 {qtype} {name}", legacy_int8_matvec_kernel, dict(int8, QTYPE=qtype), {})
-            )
+            legacy = dict(int8, QTYPE=qtype)
+            out.append((f"legacy int8 {qtype} {name}", legacy_int8_matvec_kernel, legacy, {}))
+            if m == 1:  # the matched loop, and its one step preloaded at the 0.5B's tile (8 x 1,024)
+                matched = dict(legacy, MATCHED=True, PDL=1)
+                out.append((f"legacy int8 {qtype} {name} matched", legacy_int8_matvec_kernel, matched, {}))
+                full = dict(matched, PRELOAD=True, BLOCK_N=8, BLOCK_K=1024, NUM_WARPS=8, HAS_BIAS=True)
+                out.append(
+                    (f"legacy int8 {qtype} 8x1024 preload matched", legacy_int8_matvec_kernel, full, {})
+                )
         out.append((f"Q6_K int8 {name}", q6_k_int8_matvec_kernel, int8, {"sc_ptr": "*i8"}))
         q6_scalar = dict(int8, SCALAR_SCALES=True)
         out.append((f"Q6_K int8 {name} scalar_scales", q6_k_int8_matvec_kernel, q6_scalar, {"sc_ptr": "*i8"}))

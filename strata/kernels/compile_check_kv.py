@@ -1,5 +1,6 @@
 """`compile_check`'s variants of the K/V write in the matvec store (`kv_in_matvec`): each kernel that
-takes it at the tile its model runs (the 0.5B's preloaded matched Q5_0 and Q8_0 at 8 x 1,024, the
+takes it at the tile its model runs (the 0.5B's preloaded matched Q5_0 and Q8_0 at 8 x 1,024, and
+on int8 x, the
 7B's Q4_K int8 at 8 x 2,048, Q6_K's rows kernel for v), split-K's last split, several rows, both pair
 layouts."""
 
@@ -15,6 +16,7 @@ KV_POINTERS = {
 
 def kv_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     from strata.kernels._matvec_legacy import q5_0_matvec_kernel, q8_0_matvec_kernel
+    from strata.kernels._matvec_legacy_int8 import legacy_int8_matvec_kernel
     from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
     from strata.kernels._matvec_q6k_rows import q6_k_rows_int8_matvec_kernel
 
@@ -29,6 +31,10 @@ def kv_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         for kernel, pointers in ((q5_0_matvec_kernel, {**u8, "qh_ptr": "*i32"}), (q8_0_matvec_kernel, u8)):
             out.append((f"{kernel.__name__} {name} preload matched", kernel, matched, pointers))
             out.append((f"{kernel.__name__} {name} M=3 split=2", kernel, split, pointers))
+        for qtype, tile in ((6, one), (8, split)):  # Q5_0 and Q8_0 on int8 x
+            legacy = dict(tile, QTYPE=qtype, USE_ASM=True, PDL=1)
+            out.append((f"legacy int8 {qtype} {name} M={tile['M']}", legacy_int8_matvec_kernel, legacy,
+                        {"qs_ptr": "*i32", "qh_ptr": "*i32", **KV_POINTERS}))  # fmt: skip
         int8 = dict(one, BLOCK_K=2048, NUM_WARPS=4, USE_ASM=True, ROWS_AT_ONCE=False, FLAT_ACC=True,
                     SCALAR_SCALES=True, PDL=1)  # fmt: skip
         out.append((f"Q4_K int8 {name} flat_acc scalar_scales", q4_k_int8_matvec_kernel, int8, KV_POINTERS))

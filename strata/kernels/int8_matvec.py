@@ -81,7 +81,7 @@ def int8_matvec(
 ) -> None:
     """The dp4a matvec of x quantized by `quantize_x` (`x_int8`); `dest` is the kernels' (workspace,
     out, split locks, bias) arguments; `accumulate` adds y to out; `rows_group`: Q4_K's "rows" layout;
-    `kv`: the K/V-write arguments (`KVWrite.kernel_args`) of Q4_K's kernel."""
+    `kv`: the K/V-write arguments (`KVWrite.kernel_args`) of Q4_K's, Q8_0's and Q5_0's kernels."""
     xq, xd, xs = x_int8
     m, stride_ym = xq.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
     common = dict(
@@ -106,7 +106,7 @@ def int8_matvec(
         qh, d = rest if qtype == _T.Q5_0 else (qs, rest[0])  # Q8_0 has no qh: any pointer will do
         legacy_int8_matvec_kernel[grid](
             xq, xd, *dest, qs, qh, d, n, k, stride_ys, stride_ym, qs.stride(0), qh.stride(0), d.stride(0),
-            QTYPE=int(qtype), **common,
+            QTYPE=int(qtype), MATCHED=cfg.matched_loads, PRELOAD=cfg.preload, **common, **(kv or {}),
         )  # fmt: skip
     else:
         q4_k_int8_matvec_kernel[grid](

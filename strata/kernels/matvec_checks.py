@@ -41,10 +41,10 @@ def check_flags(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: i
         raise ValueError(
             "MatvecConfig.flat_acc is implemented for one row of x in Q4_K's int8_x kernel and Q5_0's fp32"
         )
-    if cfg.matched_loads and not (m == 1 and not int8_x and qtype in (_T.Q8_0, _T.Q5_0) and not cfg.flat_acc):
+    if cfg.matched_loads and not (m == 1 and qtype in (_T.Q8_0, _T.Q5_0) and not cfg.flat_acc):
         raise ValueError(
-            "MatvecConfig.matched_loads is implemented for one row of 16/32-bit x in the Q8_0 and Q5_0 "
-            f"kernels (not with int8_x or flat_acc), not {m} rows of {qtype.name} with int8_x={int8_x}, "
+            "MatvecConfig.matched_loads is implemented for one row of x in the Q8_0 and Q5_0 kernels "
+            f"(not with flat_acc), not {m} rows of {qtype.name} with int8_x={int8_x}, "
             f"flat_acc={cfg.flat_acc}: leave it off there"
         )
     if cfg.paired_dm and not planar:
@@ -68,10 +68,15 @@ def _check_preload(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m
     if int8_x and (packed.planar or qtype == _T.Q6_K):
         return  # Q4_K's and Q6_K's int8 kernels: PREFETCH's loop, any rows and steps
     where = f"{m} rows of {qtype.name} ({layout}) with int8_x={int8_x}"
-    if not (m == 1 and not int8_x and qtype in (_T.Q8_0, _T.Q5_0)):
+    if not (m == 1 and qtype in (_T.Q8_0, _T.Q5_0)):
         raise ValueError(
             "MatvecConfig.preload is implemented in Q4_K's and Q6_K's int8_x kernels and, for one row of "
-            f"16/32-bit x, in the Q8_0 and Q5_0 kernels; not {where}: leave it off there"
+            f"x, in the Q8_0 and Q5_0 kernels; not {where}: leave it off there"
+        )
+    if int8_x and not cfg.matched_loads:
+        raise ValueError(
+            f"MatvecConfig.preload in the int8_x {qtype.name} kernel runs the matched step: give "
+            "matched_loads=True too"
         )
     steps = program_steps(cfg, packed.k)
     if steps > 1:

@@ -49,17 +49,19 @@ def preload_tile(
     weight of K up to 2,048 takes K in one step, preloaded (`matched`: with matched loads), where that
     tile holds at most 8 x 2,048 weights (not an output head's 64-row tiles); with int8 x, unless
     `matched`, Q4_K's planar and Q6_K's kernels preload where the tile takes K in one step (the 1.5B's
-    K = 1,536 at 8 x 2,048; 0.960x on the 1.5B, H100). Any other weight keeps `cfg`."""
-    if int8_x:  # (the "rows" layouts run kernels of their own, which take no MatvecConfig)
+    K = 1,536 at 8 x 2,048; 0.960x on the 1.5B, H100), and with `matched` Q8_0's and Q5_0's dp4a
+    kernels take the fp32 kernels' tile, matched and preloaded. Any other weight keeps `cfg`."""
+    legacy = w.qtype in (_T.Q8_0, _T.Q5_0)
+    if int8_x and not (legacy and matched):  # (the "rows" layouts run kernels of their own: no MatvecConfig)
         one_step = (w.planar or w.qtype == _T.Q6_K) and w.layout != "rows" and program_steps(cfg, w.k) <= 1
         return replace(cfg, preload=True) if one_step and not matched else cfg
     block_k = max(cfg.block_k, triton.next_power_of_2(w.k))
     # At most 8 x 2,048 weights a program: a thread holds them all, decoded, across the wait.
-    if w.qtype not in (_T.Q8_0, _T.Q5_0) or w.k > 2048 or cfg.block_n * block_k > 8 * 2048:
+    if not legacy or w.k > 2048 or cfg.block_n * block_k > 8 * 2048:
         return cfg
     # 8 warps: the measured best at K = 896 (8 x 1,024); at 8 x 2,048 a thread of 4 warps would hold
     # 128 decoded weights (168 registers in the sm_90 build of Q5_0's, 105 at 8 warps).
-    tall = matched and w.qtype == _T.Q5_0 and triton.cdiv(w.n, cfg.block_n) >= ROW_TILES_FROM
+    tall = matched and not int8_x and w.qtype == _T.Q5_0 and triton.cdiv(w.n, cfg.block_n) >= ROW_TILES_FROM
     return replace(
         cfg, block_k=block_k, split_k=1, num_warps=8, preload=True, matched_loads=matched, flat_acc=False,
         row_tiles=env.matvec_row_tiles() if tall else 1,

@@ -386,7 +386,7 @@ def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
 
 def writes_kv(w: PackedQuantWeight, x_dtype: torch.dtype, rotates: bool, head_dim: int) -> bool:
     """Whether `quant_matvec(x, w, ..., kv=...)` can write K/V in its store for rows of x_dtype:
-    rows of q or k (`rotates`) in Q5_0's and Q8_0's fp32-x kernels and Q4_K's planar int8 kernel,
+    rows of q or k (`rotates`) in Q5_0's and Q8_0's kernels (fp32 and int8 x) and Q4_K's planar int8 kernel,
     for heads of a multiple of 16 (the default row tiles of 8 and 16 then hold whole pairs), rows of
     v also in Q6_K's rows kernel."""
     path = _kv_path(w, x_dtype != torch.float32 and int8_order(w) is not None, own_tile=True)
@@ -398,9 +398,7 @@ def _kv_path(w: PackedQuantWeight, int8_x: bool, own_tile: bool) -> str | None:
     rows kernel: v's rows only), None (none); `own_tile`: no MatvecConfig given."""
     if int8_x and w.layout == "rows" and own_tile:
         return None if w.planar else "rows"
-    if int8_x:
-        return "tile" if w.planar else None
-    return "tile" if w.qtype in (_T.Q5_0, _T.Q8_0) else None
+    return "tile" if w.qtype in (_T.Q5_0, _T.Q8_0) or (int8_x and w.planar) else None
 
 
 def _norm_kernel(w: PackedQuantWeight) -> bool:
