@@ -40,7 +40,7 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
 
-from strata.kernels.int8_inputs import quantize_x  # noqa: E402
+from strata.kernels.int8_inputs import int8_order, quantize_x  # noqa: E402
 from strata.kernels.matvec_tiles import env_tile  # noqa: E402
 from strata.kernels.quant_matmul import MatmulConfig, quant_matmul  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec  # noqa: E402
@@ -72,6 +72,24 @@ Config = MatvecConfig | MatmulConfig
 
 
 def configs(
+    qtype: GGMLQuantizationType,
+    n: int,
+    k: int,
+    layout: str,
+    tensor_core: bool,
+    smoke: bool,
+    int8_only: bool,
+    m: int = 1,
+) -> list[Config]:
+    """`_configs`, each Q8_0 and Q5_0 config that leaves int8_x to STRATA_INT8_X made explicit: those
+    are the 16-bit-x kernels' configs (Q5_0 goes int8 by default; the default tile is timed apart)."""
+    out = _configs(qtype, n, k, layout, tensor_core, smoke, int8_only, m)
+    if qtype not in (T.Q8_0, T.Q5_0):
+        return out
+    return [replace(c, int8_x=False) if isinstance(c, MatvecConfig) and c.int8_x is None else c for c in out]
+
+
+def _configs(
     qtype: GGMLQuantizationType,
     n: int,
     k: int,
@@ -194,7 +212,7 @@ def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: Config)
     launch(x, w, out, cfg)
     got = out.double()
     int8 = isinstance(cfg, MatvecConfig) and (
-        bool(cfg.int8_x) or (w.layout == "planar" and cfg.int8_x is None)
+        bool(cfg.int8_x) or (cfg.int8_x is None and x.dtype != torch.float32 and int8_order(w) is not None)
     )
     limit = (3e-2 if int8 else 1e-2) * ref.abs().max().item()
     return bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= limit

@@ -463,12 +463,13 @@ INT8_X_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
 
 def int8_x_types() -> frozenset[str]:
     """STRATA_INT8_X: the quant types whose GPU matvecs quantize 16-bit activations to int8 and multiply
-    with dp4a, separated by "," or "+" (default "Q4_K+Q6_K", the measured faster ones: Q4_K's planar
-    layout, and Q6_K since its kernel's rewrite (H200, 2026-12-04: 7B decode 1.055x at one sequence,
-    1.358x at four, the 0.5B 0.988x within its noise); Q8_0 and Q5_0 have such kernels too, slower on
-    the 0.5B; "none" for exact fp32 products everywhere). Read on every matvec call: the parse is
+    with dp4a, separated by "," or "+" (default "Q4_K+Q6_K+Q5_0", the measured faster ones: Q4_K's
+    planar layout; Q6_K since its kernel's rewrite (H200, 2026-12-04: 7B decode 1.055x at one
+    sequence, 1.358x at four, the 0.5B 0.988x within its noise); Q5_0 since its kernel's matched,
+    preloaded step (H100, 2026-12-07: 0.5B decode 1.055x, swapped 1.056x). Q8_0 has such a kernel too,
+    opt-in; "none" for exact fp32 products everywhere). Read on every matvec call: the parse is
     cached per value."""
-    return _parse_int8_x(os.environ.get("STRATA_INT8_X", "Q4_K+Q6_K").strip())
+    return _parse_int8_x(os.environ.get("STRATA_INT8_X", "Q4_K+Q6_K+Q5_0").strip())
 
 
 @functools.lru_cache(maxsize=8)

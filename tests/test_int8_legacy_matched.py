@@ -67,15 +67,23 @@ def test_preloaded_step_is_the_matched_loop_bit_for_bit(qtype: T, n: int, k: int
 
 
 @QTYPES
-def test_decode_tile_with_int8_x(qtype: T, monkeypatch):
-    # STRATA_INT8_X naming the type: the one-step tile, matched and preloaded, as 16-bit x gets it
+@pytest.mark.parametrize(
+    "n,k,tile", [(9728, 896, (8, 1024, 1, 8)), (65536, 896, (8, 1024, 1, 4)), (64, 4096, None)]
+)
+def test_decode_tile_with_int8_x(qtype: T, n: int, k: int, tile, monkeypatch):
+    # int8 x (STRATA_INT8_X's types): the one-step tile, matched and preloaded (4 warps on an output
+    # head's rows); K over 2,048: the default tile, matched
     monkeypatch.delenv("STRATA_MATVEC_PRELOAD", raising=False)
-    w = pack_quant_weight(random_weight(qtype, 9728, 896, 0).to(DEVICE), qtype, 9728, 896)
-    cfg = env_tile(default_config(qtype, 1, 9728, 896), w, 1, int8_x=True)
-    assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (8, 1024, 1, 8)
-    assert cfg.preload and cfg.matched_loads and cfg.row_tiles == 1
+    w = pack_quant_weight(random_weight(qtype, 64, 256, 0).to(DEVICE), qtype, 64, 256)
+    w = replace(w, n=n, k=k)  # only the shape matters to the tile
+    default = default_config(qtype, 1, n, k)
+    cfg = env_tile(default, w, 1, int8_x=True)
+    assert cfg.matched_loads and cfg.row_tiles == 1 and not cfg.flat_acc
+    own = (default.block_n, default.block_k, default.split_k, default.num_warps)
+    assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (tile or own)
+    assert cfg.preload == (tile is not None)
     monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "1")  # preload without matched loads: not this kernel's
-    assert not env_tile(default_config(qtype, 1, 9728, 896), w, 1, int8_x=True).preload
+    assert env_tile(default, w, 1, int8_x=True) == default
 
 
 def test_refused_configs():

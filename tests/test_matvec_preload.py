@@ -35,6 +35,12 @@ SHAPES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def fp32_x_q5_0(monkeypatch):
+    """These tests are of the 16-bit-x Q8_0 and Q5_0 kernels: Q5_0 off STRATA_INT8_X's default list."""
+    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")
+
+
 def weight(qtype: T, n: int, k: int):
     raw = random_weight(qtype, n, k, seed=n * 31 + k)
     return pack_quant_weight(raw.to(DEVICE), qtype, n, k)

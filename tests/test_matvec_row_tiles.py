@@ -28,6 +28,12 @@ from tests.test_matvec_preload import weight  # noqa: E402
 ONE_TILE = MatvecConfig(8, 256, 1, num_warps=2, matched_loads=True, preload=True)
 
 
+@pytest.fixture(autouse=True)
+def fp32_x_q5_0(monkeypatch):
+    """These tests are of the 16-bit-x Q8_0 and Q5_0 kernels: Q5_0 off STRATA_INT8_X's default list."""
+    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")
+
+
 @pytest.mark.parametrize("n,row_tiles", [(21, 2), (21, 3), (40, 4), (5, 3)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_row_tiles_are_bitwise_one_tile(n: int, row_tiles: int, dtype: torch.dtype):

@@ -166,6 +166,7 @@ def test_projections_normalize_in_their_loads_only_where_every_part_can(monkeypa
     # q+k of Q8_0 and v of another type, two launches: with a Q5_0 v both take the norm in their loads
     # (no norm launch); with Q4_K on int8 x (the default) the norm launches once, for both parts.
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
+    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")  # Q5_0 on 16-bit x, which takes the norm in its loads
     place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
     k = 512
     shapes = {"q": (T.Q8_0, 64), "k": (T.Q8_0, 32), "v": (second, 32)}

@@ -57,6 +57,7 @@ def test_q5_0_and_q8_0_projections_stack_into_one_launch(monkeypatch, rows):
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(DEVICE)
     apart = projections(types, place)
     monkeypatch.setenv("STRATA_WIDEN_TO_STACK", "1")
+    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")  # both parts' fp32-x kernels, as widening meets them
     stacked = projections(types, place)
     assert [p.qtype for p in apart.parts.values()] == [T.Q5_0, T.Q8_0]
     assert [p.qtype for p in stacked.parts.values()] == [T.Q8_0]

@@ -50,9 +50,11 @@ def preload_tile(
     tile holds at most 8 x 2,048 weights (not an output head's 64-row tiles); with int8 x, unless
     `matched`, Q4_K's planar and Q6_K's kernels preload where the tile takes K in one step (the 1.5B's
     K = 1,536 at 8 x 2,048; 0.960x on the 1.5B, H100), and with `matched` Q8_0's and Q5_0's dp4a
-    kernels take the fp32 kernels' tile, matched and preloaded. Any other weight keeps `cfg`."""
+    kernels take `int8_legacy_tile`. Any other weight keeps `cfg`."""
     legacy = w.qtype in (_T.Q8_0, _T.Q5_0)
-    if int8_x and not (legacy and matched):  # (the "rows" layouts run kernels of their own: no MatvecConfig)
+    if int8_x and legacy:
+        return int8_legacy_tile(cfg, w) if matched else cfg
+    if int8_x:  # (the "rows" layouts run kernels of their own, which take no MatvecConfig)
         one_step = (w.planar or w.qtype == _T.Q6_K) and w.layout != "rows" and program_steps(cfg, w.k) <= 1
         return replace(cfg, preload=True) if one_step and not matched else cfg
     block_k = max(cfg.block_k, triton.next_power_of_2(w.k))
@@ -61,8 +63,24 @@ def preload_tile(
         return cfg
     # 8 warps: the measured best at K = 896 (8 x 1,024); at 8 x 2,048 a thread of 4 warps would hold
     # 128 decoded weights (168 registers in the sm_90 build of Q5_0's, 105 at 8 warps).
-    tall = matched and not int8_x and w.qtype == _T.Q5_0 and triton.cdiv(w.n, cfg.block_n) >= ROW_TILES_FROM
+    tall = matched and w.qtype == _T.Q5_0 and triton.cdiv(w.n, cfg.block_n) >= ROW_TILES_FROM
     return replace(
         cfg, block_k=block_k, split_k=1, num_warps=8, preload=True, matched_loads=matched, flat_acc=False,
         row_tiles=env.matvec_row_tiles() if tall else 1,
+    )  # fmt: skip
+
+
+def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
+    """Q8_0's and Q5_0's dp4a kernel for one row of x: the matched loop, and where K fits one step of up
+    to 2,048, that step at 8 rows, preloaded (8 warps; 4 on an output head's 65,536 rows and more).
+    Measured (`gpu_matvec_graph.py --int8-ready`, H100, 2026-12-07; the 0.5B's weights, us a call in
+    graphs, against the fp32 matched preloaded step): gate+up 4.64 (6.88), q+k+v 1.41 (1.71), o 1.35
+    (1.56), the Q8_0 v 1.22 (1.56), the Q8_0 output head 49.8 at 4 warps (62.4 at the fp32 default
+    tile). The matched loop beat the plain int8 one at every weight timed; longer rows than 2,048 (no
+    0.5B weight) keep `cfg`'s tile, matched, untimed."""
+    if w.k > 2048:
+        return replace(cfg, matched_loads=True, flat_acc=False)
+    return replace(
+        cfg, block_n=8, block_k=triton.next_power_of_2(w.k), split_k=1, num_warps=4 if w.n >= 65536 else 8,
+        preload=True, matched_loads=True, flat_acc=False, row_tiles=1,
     )  # fmt: skip
