@@ -64,6 +64,11 @@ SHAPES = {
         ("o", T.Q4_K, 3584, 3584), ("gate+up", T.Q4_K, 37888, 3584), ("down", T.Q4_K, 3584, 18944),
         ("down", T.Q6_K, 3584, 18944), ("lm_head", T.Q6_K, 152064, 3584),
     ],
+    # the 7B's shapes in a Q8_0 file (every weight Q8_0): the int8 kernel's rows longer than 2,048
+    "7b-q8_0": [
+        ("q+k+v", T.Q8_0, 4608, 3584), ("o", T.Q8_0, 3584, 3584), ("gate+up", T.Q8_0, 37888, 3584),
+        ("down", T.Q8_0, 3584, 18944),
+    ],
 }  # fmt: skip
 SMOKE_SHAPES = [("tiny", T.Q5_0, 40, 256), ("tiny", T.Q4_K, 40, 512)]
 

@@ -463,13 +463,14 @@ INT8_X_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q5_0")
 
 def int8_x_types() -> frozenset[str]:
     """STRATA_INT8_X: the quant types whose GPU matvecs quantize 16-bit activations to int8 and multiply
-    with dp4a, separated by "," or "+" (default "Q4_K+Q6_K+Q5_0", the measured faster ones: Q4_K's
+    with dp4a, separated by "," or "+" (default "Q4_K+Q6_K+Q5_0+Q8_0", the measured faster: Q4_K's
     planar layout; Q6_K since its kernel's rewrite (H200, 2026-12-04: 7B decode 1.055x at one
     sequence, 1.358x at four, the 0.5B 0.988x within its noise); Q5_0 since its kernel's matched,
-    preloaded step (H100, 2026-12-07: 0.5B decode 1.055x, swapped 1.056x). Q8_0 has such a kernel too,
-    opt-in; "none" for exact fp32 products everywhere). Read on every matvec call: the parse is
-    cached per value."""
-    return _parse_int8_x(os.environ.get("STRATA_INT8_X", "Q4_K+Q6_K+Q5_0").strip())
+    preloaded step (H100, 2026-12-07: 0.5B decode 1.055x, swapped 1.056x), and Q8_0 with it (the same
+    day: 0.5B decode 1.025x over that, swapped 1.064x; each of the 7B's weights in a Q8_0 file faster in
+    graphs, `matvec_tiles.int8_legacy_tile`); "none" for exact fp32 products everywhere). Read on
+    every matvec call: the parse is cached per value."""
+    return _parse_int8_x(os.environ.get("STRATA_INT8_X", "Q4_K+Q6_K+Q5_0+Q8_0").strip())
 
 
 @functools.lru_cache(maxsize=8)

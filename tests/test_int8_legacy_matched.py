@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 from strata.kernels.matvec_tiles import env_tile  # noqa: E402
-from strata.kernels.quant_matvec import MatvecConfig, default_config, quant_matvec  # noqa: E402
+from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
 from tests.test_kernels_quant_matvec import DEVICE, T, check_int8, cuda_only, k_for, random_weight  # noqa: E402
 
@@ -72,15 +72,15 @@ def test_preloaded_step_is_the_matched_loop_bit_for_bit(qtype: T, n: int, k: int
 )
 def test_decode_tile_with_int8_x(qtype: T, n: int, k: int, tile, monkeypatch):
     # int8 x (STRATA_INT8_X's types): the one-step tile, matched and preloaded (4 warps on an output
-    # head's rows); K over 2,048: the default tile, matched
+    # head's rows); K over 2,048: the matched loop at 8 x 512, 8 warps
     monkeypatch.delenv("STRATA_MATVEC_PRELOAD", raising=False)
     w = pack_quant_weight(random_weight(qtype, 64, 256, 0).to(DEVICE), qtype, 64, 256)
     w = replace(w, n=n, k=k)  # only the shape matters to the tile
     default = default_config(qtype, 1, n, k)
     cfg = env_tile(default, w, 1, int8_x=True)
     assert cfg.matched_loads and cfg.row_tiles == 1 and not cfg.flat_acc
-    own = (default.block_n, default.block_k, default.split_k, default.num_warps)
-    assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (tile or own)
+    long_rows = (8, 512, auto_split_k(n, k, 8, 512), 8)
+    assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) == (tile or long_rows)
     assert cfg.preload == (tile is not None)
     monkeypatch.setenv("STRATA_MATVEC_PRELOAD", "1")  # preload without matched loads: not this kernel's
     assert env_tile(default, w, 1, int8_x=True) == default

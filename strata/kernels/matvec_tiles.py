@@ -71,15 +71,22 @@ def preload_tile(
 
 
 def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
+    from strata.kernels.quant_matvec import auto_split_k  # (quant_matvec imports this module)
+
     """Q8_0's and Q5_0's dp4a kernel for one row of x: the matched loop, and where K fits one step of up
     to 2,048, that step at 8 rows, preloaded (8 warps; 4 on an output head's 65,536 rows and more).
     Measured (`gpu_matvec_graph.py --int8-ready`, H100, 2026-12-07; the 0.5B's weights, us a call in
     graphs, against the fp32 matched preloaded step): gate+up 4.64 (6.88), q+k+v 1.41 (1.71), o 1.35
     (1.56), the Q8_0 v 1.22 (1.56), the Q8_0 output head 49.8 at 4 warps (62.4 at the fp32 default
-    tile). The matched loop beat the plain int8 one at every weight timed; longer rows than 2,048 (no
-    0.5B weight) keep `cfg`'s tile, matched, untimed."""
+    tile). Longer rows: the matched loop at 8 x 512 with 8 warps, the best tile on three of the 7B's
+    four weights in a Q8_0 file (the same run: q+k+v 11.91 us against 12.31 at the fp32 default tile,
+    o 7.82 against 10.46, gate+up 54.56 against 59.52, down 32.73 against 42.07). The matched loop beat
+    the plain int8 one at every weight timed."""
     if w.k > 2048:
-        return replace(cfg, matched_loads=True, flat_acc=False)
+        split = auto_split_k(w.n, w.k, 8, 512)
+        return replace(
+            cfg, block_n=8, block_k=512, split_k=split, num_warps=8, matched_loads=True, flat_acc=False
+        )
     return replace(
         cfg, block_n=8, block_k=triton.next_power_of_2(w.k), split_k=1, num_warps=4 if w.n >= 65536 else 8,
         preload=True, matched_loads=True, flat_acc=False, row_tiles=1,
