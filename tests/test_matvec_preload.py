@@ -22,6 +22,7 @@ from strata.kernels import quant_matvec as qm  # noqa: E402
 from strata.kernels.matvec_tiles import preload_tile  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
 from strata.kernels.quant_pack import pack_quant_weight  # noqa: E402
+from tests.fp32_x import fp32_x_q8_0_and_q5_0  # noqa: E402, F401 - autouse: Q8_0, Q5_0 on 16-bit x
 from tests.launch_recorder import LaunchRecorder  # noqa: E402
 from tests.test_kernels_quant_matvec import DEVICE, T, check, random_weight  # noqa: E402
 
@@ -33,12 +34,6 @@ SHAPES = [
     (37, 7 * 32, MatvecConfig(8, 256, 1, num_warps=2)),
     (19, 40 * 32, MatvecConfig(8, 512, 3)),
 ]
-
-
-@pytest.fixture(autouse=True)
-def fp32_x_q5_0(monkeypatch):
-    """These tests are of the 16-bit-x Q8_0 and Q5_0 kernels: Q5_0 off STRATA_INT8_X's default list."""
-    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")
 
 
 def weight(qtype: T, n: int, k: int):

@@ -21,17 +21,12 @@ pytest.importorskip("triton")
 from strata.kernels import matvec_tiles  # noqa: E402
 from strata.kernels import quant_matvec as qm  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, quant_matvec  # noqa: E402
+from tests.fp32_x import fp32_x_q8_0_and_q5_0  # noqa: E402, F401 - autouse: Q8_0, Q5_0 on 16-bit x
 from tests.launch_recorder import LaunchRecorder  # noqa: E402
 from tests.test_kernels_quant_matvec import DEVICE, T, check  # noqa: E402
 from tests.test_matvec_preload import weight  # noqa: E402
 
 ONE_TILE = MatvecConfig(8, 256, 1, num_warps=2, matched_loads=True, preload=True)
-
-
-@pytest.fixture(autouse=True)
-def fp32_x_q5_0(monkeypatch):
-    """These tests are of the 16-bit-x Q8_0 and Q5_0 kernels: Q5_0 off STRATA_INT8_X's default list."""
-    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")
 
 
 @pytest.mark.parametrize("n,row_tiles", [(21, 2), (21, 3), (40, 4), (5, 3)])

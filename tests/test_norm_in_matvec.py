@@ -30,6 +30,7 @@ from strata.kernels.rms_norm import rms_norm  # noqa: E402
 from strata.layers.linear import Projections, QuantLinear  # noqa: E402
 from strata.layers.norm import RMSNorm  # noqa: E402
 from strata.layers.placement import Placement  # noqa: E402
+from tests.fp32_x import fp32_x_q8_0_and_q5_0  # noqa: E402, F401 - autouse: Q8_0, Q5_0 on 16-bit x
 from tests.test_kernels_quant_matvec import random_weight  # noqa: E402
 
 T = GGMLQuantizationType
@@ -100,7 +101,7 @@ def test_fp32_x_takes_the_norm_in_its_loads(monkeypatch):
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_where_the_loads_cannot_the_norm_launches_first(monkeypatch, qtype):
-    # Int8 x (Q4_K and Q6_K by default) and two rows of x: the norm's own launch, the same bits.
+    # Int8 x (Q4_K and Q6_K here) and two rows of x: the norm's own launch, the same bits.
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
     n, k = 24, 512
     packed = pack_quant_weight(random_weight(qtype, n, k, seed=3).to(DEVICE), qtype, n, k)
@@ -166,7 +167,6 @@ def test_projections_normalize_in_their_loads_only_where_every_part_can(monkeypa
     # q+k of Q8_0 and v of another type, two launches: with a Q5_0 v both take the norm in their loads
     # (no norm launch); with Q4_K on int8 x (the default) the norm launches once, for both parts.
     monkeypatch.setenv("STRATA_Q4K_LAYOUT", "planar")
-    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")  # Q5_0 on 16-bit x, which takes the norm in its loads
     place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
     k = 512
     shapes = {"q": (T.Q8_0, 64), "k": (T.Q8_0, 32), "v": (second, 32)}

@@ -86,7 +86,8 @@ def assert_same(got, want, caches, want_caches):
 
 @pytest.mark.parametrize("layout_pairs", ["neox", "interleaved"])
 @pytest.mark.parametrize("qtype", [T.Q5_0, T.Q8_0])
-def test_fp32_x_kernels_match_matvec_then_rotary(qtype, layout_pairs):
+def test_fp32_x_kernels_match_matvec_then_rotary(qtype, layout_pairs, monkeypatch):
+    monkeypatch.setenv("STRATA_INT8_X", "Q4_K+Q6_K")  # 16-bit x (int8 by default: test_legacy_int8_kernels)
     assert_same(*run_both(qtype, layout_pairs=layout_pairs))
 
 
