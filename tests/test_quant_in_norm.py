@@ -66,3 +66,31 @@ def test_attached_quantization_is_voided_by_a_change():
     with torch.inference_mode():  # no version counter: held by the tensor object alone
         y = int8_inputs.attach_int8(torch.randn(1, 64), found)
         assert int8_inputs.attached_int8(y) is found and int8_inputs.attached_int8(y[:, :32]) is None
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+def test_output_norm_quantizes_for_the_head(monkeypatch, qtype):
+    # The model's final norm quantizes for its output head (one layer, not projections): the head's
+    # matvec finds the norm's int8 copy and launches no quantization; the same logits as the norm's
+    # output quantized by the head itself.
+    import strata.kernels.quant_matvec as quant_matvec
+    from strata.layers.linear import QuantLinear
+    from strata.layers.norm import RMSNorm
+    from strata.layers.placement import Placement
+    from tests.test_kernels_quant_matvec import random_weight
+
+    hidden, vocab = 256, 48
+    place = Placement(torch.bfloat16, torch.device(DEVICE), kernels=True)
+    head = QuantLinear(random_weight(qtype, vocab, hidden, seed=5), qtype, (vocab, hidden), place)
+    assert head.int8_orders() == (False,)  # element order: Q8_0's and Q6_K's int8 kernels
+    x, residual, weight = inputs(1, hidden, torch.bfloat16, seed=6)
+    norm = RMSNorm(weight.cpu(), 1e-6, fused=True).to(DEVICE)
+    expected = head(norm.add_and_norm(x, residual.clone())[0])  # the norm, then the head's quantize_x
+    norm.quantize_for(head)
+    quantized: list[bool] = []
+    real = quant_matvec.quantize_x
+    monkeypatch.setattr(quant_matvec, "quantize_x", lambda *a, **kw: quantized.append(True) or real(*a, **kw))
+    h, _ = norm.add_and_norm(x, residual.clone())
+    assert torch.equal(head(h), expected) and not quantized
+    head(h.clone())  # a copy carries no int8: the head quantizes it itself
+    assert quantized == [True]

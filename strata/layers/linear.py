@@ -204,6 +204,16 @@ class QuantLinear(nn.Module):
 
         return takes_norm(self.packed, x.dtype, 1)
 
+    def int8_orders(self) -> tuple[bool, ...]:
+        """The order in which this matvec quantizes 16-bit x (`int8_inputs.int8_order`), if it does: ()
+        off the kernel path, for a padded weight or a type on 16-bit x."""
+        if self.packed is None or self.pad is not None:
+            return ()
+        from strata.kernels.int8_inputs import int8_order
+
+        order = int8_order(self.packed)
+        return () if order is None else (order,)
+
     def writes_kv(self, x: torch.Tensor, rotates: bool, head_dim: int) -> bool:
         """Whether `forward(x, kv=...)` writes K/V in the matvec's store (`quant_matvec.writes_kv`): rows
         of x few enough for the matvec, the weight neither padded nor row-parallel; `rotates`: rows of
@@ -335,11 +345,8 @@ class Projections(nn.Module):
 
     def int8_orders(self) -> tuple[bool, ...]:
         """The orders in which the parts' matvecs quantize 16-bit x (`int8_inputs.int8_order`)."""
-        from strata.kernels.int8_inputs import int8_order
-
-        parts = [p.packed for p in self.parts.values() if isinstance(p, QuantLinear) and p.pad is None]
-        orders = {int8_order(p) for p in parts if p is not None}
-        return tuple(sorted(o for o in orders if o is not None))
+        parts = [p for p in self.parts.values() if isinstance(p, QuantLinear)]
+        return tuple(sorted({order for p in parts for order in p.int8_orders()}))
 
     @classmethod
     def load(cls, gguf: GGUFFile, prefix: str, names: Sequence[str], place: Placement) -> Projections:

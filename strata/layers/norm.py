@@ -12,7 +12,7 @@ from strata.gguf.reader import GGUFFile
 from strata.quant import dequantize
 
 if TYPE_CHECKING:
-    from strata.layers.linear import Projections
+    from strata.layers.linear import Projections, QuantLinear
 
 
 class RMSNorm(nn.Module):
@@ -32,10 +32,11 @@ class RMSNorm(nn.Module):
         info = gguf.tensor_info(f"{name}.weight")
         return cls(dequantize(gguf.tensor_bytes(info.name), info.qtype, info.shape), eps, fused)
 
-    def quantize_for(self, consumers: Projections) -> None:
+    def quantize_for(self, consumers: Projections | QuantLinear) -> None:
         """With STRATA_QUANT_IN_NORM=1 on the kernel path, the decode-sized outputs of `add_and_norm`
-        come with their int8 quantizations for `consumers` (the projections this norm feeds), made in
-        the norm's launch and found by their matvecs (`int8_inputs.attached_int8`)."""
+        come with their int8 quantizations for `consumers` (the projections this norm feeds, or one
+        layer: the output head), made in the norm's launch and found by their matvecs
+        (`int8_inputs.attached_int8`)."""
         if self.fused and env.quant_in_norm():
             self.int8_orders = consumers.int8_orders()
             self.matvec_rows = env.kernel_row_limits()[0]

@@ -38,6 +38,7 @@ class DecoderModel(nn.Module):
         self.output_norm = RMSNorm.load(gguf, "output_norm", spec.rms_eps, place.kernels)
         tied = spec.tied_embeddings
         self.output = self.token_embd.as_output_head() if tied else QuantLinear.load(gguf, "output", place)
+        self.output_norm.quantize_for(self.output)  # a decode graph's head reads the norm's int8 copy
         head = "token_embd" if tied else "output"
         self.vocab_rows = gguf.tensor_info(f"{head}.weight").shape[0]  # logits width, all ranks together
         # Rank 0 of a tensor-parallel model: tells the other ranks each step before running it.
