@@ -71,8 +71,6 @@ def preload_tile(
 
 
 def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
-    from strata.kernels.quant_matvec import auto_split_k  # (quant_matvec imports this module)
-
     """Q8_0's and Q5_0's dp4a kernel for one row of x: the matched loop, and where K fits one step of up
     to 2,048, that step at 8 rows, preloaded (8 warps; 4 on an output head's 65,536 rows and more).
     Measured (`gpu_matvec_graph.py --int8-ready`, H100, 2026-12-07; the 0.5B's weights, us a call in
@@ -81,7 +79,10 @@ def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
     tile). Longer rows: the matched loop at 8 x 512 with 8 warps, the best tile on three of the 7B's
     four weights in a Q8_0 file (the same run: q+k+v 11.91 us against 12.31 at the fp32 default tile,
     o 7.82 against 10.46, gate+up 54.56 against 59.52, down 32.73 against 42.07). The matched loop beat
-    the plain int8 one at every weight timed."""
+    the plain int8 one at every weight timed. Rows of x beyond one (batched decode) keep the plain
+    int8 loop, untimed on these types (it has half the fp32 kernels' barriers in its loop at M = 3)."""
+    from strata.kernels.quant_matvec import auto_split_k  # (quant_matvec imports this module)
+
     if w.k > 2048:
         split = auto_split_k(w.n, w.k, 8, 512)
         return replace(
