@@ -76,25 +76,19 @@ SMOKE_SHAPES = [("tiny", T.Q5_0, 40, 256), ("tiny", T.Q4_K, 40, 512)]
 Config = MatvecConfig | MatmulConfig
 
 
-def configs(
-    qtype: GGMLQuantizationType,
-    n: int,
-    k: int,
-    layout: str,
-    tensor_core: bool,
-    smoke: bool,
-    int8_only: bool,
-    m: int = 1,
-) -> list[Config]:
-    """`_configs`, each Q8_0 and Q5_0 config that leaves int8_x to STRATA_INT8_X made explicit: those
-    are the 16-bit-x kernels' configs (Q5_0 goes int8 by default; the default tile is timed apart)."""
-    out = _configs(qtype, n, k, layout, tensor_core, smoke, int8_only, m)
+def fp32_explicit(candidates: list[Config], qtype: GGMLQuantizationType) -> list[Config]:
+    """`candidates` with each Q8_0 and Q5_0 config that leaves int8_x to STRATA_INT8_X made explicit:
+    those are the 16-bit-x kernels' configs (both types go int8 by default; the default tile is timed
+    apart)."""
     if qtype not in (T.Q8_0, T.Q5_0):
-        return out
-    return [replace(c, int8_x=False) if isinstance(c, MatvecConfig) and c.int8_x is None else c for c in out]
+        return candidates
+    return [
+        replace(c, int8_x=False) if isinstance(c, MatvecConfig) and c.int8_x is None else c
+        for c in candidates
+    ]
 
 
-def _configs(
+def configs(
     qtype: GGMLQuantizationType,
     n: int,
     k: int,
@@ -368,6 +362,7 @@ def main() -> int:
         default = env_tile(default_config(qtype, args.m, n, k, planar_int8=planar_int8), weights[0], args.m,
                            planar_int8)  # fmt: skip
         candidates = configs(qtype, n, k, layout, args.tensor_core, args.smoke, args.int8_only, args.m)
+        candidates = fp32_explicit(candidates, qtype)
         if args.tiles:
             tiles = set(args.tiles.split(","))
             candidates = [c for c in candidates if f"{c.block_n}x{c.block_k}" in tiles]
