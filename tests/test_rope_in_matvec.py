@@ -112,12 +112,21 @@ def test_q4_k_planar_int8(parts, m):
     assert_same(*run_both(T.Q4_K, parts=parts, m=m, layout="planar"))
 
 
-@pytest.mark.parametrize("qtype,m,parts", [(T.Q5_0, 1, "qkv"), (T.Q8_0, 2, "qk"), (T.Q5_0, 3, "v")])
-def test_legacy_int8_kernels(qtype, m, parts):
-    # Q5_0 and Q8_0 on int8 x (STRATA_INT8_X): the dp4a kernel's store rotates and writes
+LEGACY_INT8 = MatvecConfig(8, 256, 1, int8_x=True)
+PRELOADED = MatvecConfig(8, 256, 1, int8_x=True, matched_loads=True, preload=True)  # the decode tile's kind
+
+
+@pytest.mark.parametrize(
+    "qtype,m,parts,config",
+    [(T.Q5_0, 1, "qkv", PRELOADED), (T.Q8_0, 1, "qk", PRELOADED), (T.Q8_0, 2, "qk", LEGACY_INT8),
+     (T.Q5_0, 3, "v", LEGACY_INT8)],
+)  # fmt: skip
+def test_legacy_int8_kernels(qtype, m, parts, config):
+    # Q5_0 and Q8_0 on int8 x (STRATA_INT8_X's default): the dp4a kernel's store rotates and writes,
+    # after the plain loop and after the preloaded matched step
     w = pack_quant_weight(random_weight(qtype, 96, 256, 0).to(DEVICE), qtype, 96, 256)
-    assert writes_kv(w, torch.bfloat16, True, 32)  # fp32 x there by default, int8 x with the setting
-    assert_same(*run_both(qtype, m=m, parts=parts, config=MatvecConfig(8, 256, 1, int8_x=True)))
+    assert writes_kv(w, torch.bfloat16, True, 32)
+    assert_same(*run_both(qtype, m=m, parts=parts, config=config))
 
 
 def test_q6_k_rows_takes_v_only():

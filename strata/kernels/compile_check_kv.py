@@ -31,7 +31,7 @@ def kv_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         for kernel, pointers in ((q5_0_matvec_kernel, {**u8, "qh_ptr": "*i32"}), (q8_0_matvec_kernel, u8)):
             out.append((f"{kernel.__name__} {name} preload matched", kernel, matched, pointers))
             out.append((f"{kernel.__name__} {name} M=3 split=2", kernel, split, pointers))
-        for qtype, tile in ((6, one), (8, split)):  # Q5_0 and Q8_0 on int8 x
+        for qtype, tile in ((6, matched), (8, split)):  # Q5_0 and Q8_0 on int8 x
             legacy = dict(tile, QTYPE=qtype, USE_ASM=True, PDL=1)
             out.append((f"legacy int8 {qtype} {name} M={tile['M']}", legacy_int8_matvec_kernel, legacy,
                         {"qs_ptr": "*i32", "qh_ptr": "*i32", **KV_POINTERS}))  # fmt: skip
