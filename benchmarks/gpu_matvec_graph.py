@@ -40,6 +40,7 @@ from gguf.constants import GGMLQuantizationType
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
 
+from strata.kernels._int8_x import Int8X  # noqa: E402
 from strata.kernels.int8_inputs import int8_order, quantize_x  # noqa: E402
 from strata.kernels.matvec_tiles import env_tile  # noqa: E402
 from strata.kernels.quant_matmul import MatmulConfig, quant_matmul  # noqa: E402
@@ -196,7 +197,13 @@ def configs(
     return out
 
 
-def launch(x: torch.Tensor, w: PackedQuantWeight, out: torch.Tensor, cfg: Config, x_int8=None) -> None:
+def launch(
+    x: torch.Tensor,
+    w: PackedQuantWeight,
+    out: torch.Tensor,
+    cfg: Config,
+    x_int8: dict[bool, Int8X] | None = None,
+) -> None:
     if isinstance(cfg, MatmulConfig):
         quant_matmul(x, w, out=out, config=cfg)
     else:

@@ -103,22 +103,8 @@ def store_rows(
     if HAS_BIAS:
         bias = tl.load(b_ptr + rows, mask=rows < N, other=0).to(tl.float32)[None, :]
     if SPLIT_K == 1:
-        _store(
-            out_ptr,
-            at,
-            inside,
-            acc + bias,
-            ADD,
-            rows,
-            kv,
-            M,
-            M_PAD,
-            BLOCK_N,
-            KV_Q,
-            KV_K,
-            HEAD_DIM,
-            INTERLEAVED,
-        )
+        _store(out_ptr, at, inside, acc + bias, ADD, rows, kv, M, M_PAD, BLOCK_N, KV_Q, KV_K, HEAD_DIM,
+               INTERLEAVED)  # fmt: skip
     else:
         sum_splits(
             y_ptr, out_ptr, lock_ptr, acc, at, at, inside, tl.program_id(0), stride_ys, bias, SPLIT_K, ADD,
