@@ -60,6 +60,8 @@ def test_preemption_under_a_small_pool_gives_the_same_tokens(llm: LLM, alone: li
     requests = engine.generate([llm.tokenizer.encode(p) for p in PROMPTS], GREEDY)
     assert engine.scheduler.num_preemptions > 0
     print(f"preemptions: {engine.scheduler.num_preemptions}")
+    # Every preempted sequence comes back through admission once more.
+    assert engine.scheduler.num_admissions == len(PROMPTS) + engine.scheduler.num_preemptions
     assert [r.output_ids for r in requests] == alone
     _assert_all_returned(engine)
 

@@ -200,8 +200,9 @@ def test_a_client_that_leaves_a_plain_request_has_it_aborted(server: tuple[Runti
 def test_a_client_that_leaves_while_queued_has_its_request_dropped(server: tuple[Runtime, str]) -> None:
     rt, url = server
     _settle(rt)
+    admitted = rt.engine.stats().num_admissions
 
-    async def main() -> int:
+    async def main() -> None:
         holding = OPENAI_LONG | {"stream": True}
         async with (
             httpx.AsyncClient(base_url=url, timeout=30) as client,
@@ -218,12 +219,14 @@ def test_a_client_that_leaves_while_queued_has_its_request_dropped(server: tuple
             # a loaded machine, where the server's thread gets the GIL late).
             await _until(lambda: rt.engine.stats().num_waiting == 0)
             assert rt.engine.num_live() == 1  # the holder alone
-            return rt.engine.stats().steps
 
-    released = asyncio.run(main())
-    steps = _settle(rt) - released
+    asyncio.run(main())
+    _settle(rt)
     _all_blocks_back(rt)
-    assert steps < 1000 // 3, f"{steps} steps after the holder left: the abandoned request ran"
+    # Counted, not timed: a step count after the holder left also holds the holder's own abort, which
+    # took 639 steps once on a loaded CI machine. Admitted once the holder's slot freed, the abandoned
+    # request would make this 2.
+    assert rt.engine.stats().num_admissions - admitted == 1, "the abandoned request was admitted"
 
 
 # ---- prompts that do not fit ----------------------------------------------------------------------

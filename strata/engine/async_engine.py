@@ -83,6 +83,7 @@ class Stats:
     num_running: int = 0
     num_free_blocks: int = 0
     num_preemptions: int = 0
+    num_admissions: int = 0  # requests moved into running, counting re-admissions after preemption
 
 
 @dataclass
@@ -281,4 +282,5 @@ class AsyncEngine:
 
     def _snapshot(self, idle: bool, iterations: int, steps: int) -> Stats:
         s, free = self._engine.scheduler, self._engine.blocks.num_free_blocks
-        return Stats(idle, iterations, steps, s.num_waiting, len(s.running), free, s.num_preemptions)
+        running, waiting = len(s.running), s.num_waiting
+        return Stats(idle, iterations, steps, waiting, running, free, s.num_preemptions, s.num_admissions)

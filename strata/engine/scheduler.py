@@ -51,6 +51,7 @@ class Scheduler:
         self._waiting: list[_Waiting] = []  # a heap by Request.sort_key
         self.running: list[Sequence] = []  # in admission order; the newest is preempted first
         self.num_preemptions = 0
+        self.num_admissions = 0  # moves from waiting to running, re-admissions after preemption included
         self.exhausted: list[Sequence] = []  # outgrew the whole KV pool; the engine ends them
 
     @property
@@ -115,6 +116,7 @@ class Scheduler:
             self.blocks.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            self.num_admissions += 1
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             seqs.append(seq)
             counts.append(n)
