@@ -42,6 +42,7 @@ from gpu_kernels import copy_ceiling_gbs, random_weight  # noqa: E402
 
 from strata.kernels._int8_x import Int8X  # noqa: E402
 from strata.kernels.int8_inputs import int8_order, quantize_x  # noqa: E402
+from strata.kernels.matvec_checks import program_steps  # noqa: E402
 from strata.kernels.matvec_tiles import env_tile  # noqa: E402
 from strata.kernels.quant_matmul import MatmulConfig, quant_matmul  # noqa: E402
 from strata.kernels.quant_matvec import MatvecConfig, auto_split_k, default_config, quant_matvec  # noqa: E402
@@ -122,6 +123,7 @@ def configs(
         extra += [replace(int8, preload=True)] if qtype == T.Q6_K else []
         if qtype in (T.Q8_0, T.Q5_0) and m == 1:
             preload = MatvecConfig(8, 256, 1, preload=True)
+            extra.append(MatvecConfig(8, 256, 2, int8_x=True, matched_loads=True, lane_blocks=True))
             extra += [
                 MatvecConfig(8, 256, 2, matched_loads=True),
                 preload,
@@ -177,11 +179,12 @@ def configs(
                     out += [replace(scalar, paired_dm=True), replace(scalar, paired_dm=True, prefetch=True)]
                     out.append(replace(scalar, preload=True))  # the first step's weights before the wait
             if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8:  # the dp4a kernel's matched loads (preloaded)
-                out.append(MatvecConfig(bn, bk, split, warps, int8_x=True, matched_loads=True))
-                if -(-k // 32 // split) <= bk // 32:
-                    out.append(
-                        MatvecConfig(bn, bk, split, warps, int8_x=True, matched_loads=True, preload=True)
-                    )
+                for lanes in (False, True):  # a half block a lane, and a whole one
+                    matched = MatvecConfig(bn, bk, split, warps, int8_x=True, matched_loads=True)
+                    matched = replace(matched, lane_blocks=lanes)
+                    out.append(matched)
+                    if -(-k // 32 // split) <= bk // 32:
+                        out.append(replace(matched, preload=True))
             if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8 is None:  # and every load in one layout
                 out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
                 if -(-k // 32 // split) <= bk // 32:  # one step a program: its weights before the wait
@@ -224,11 +227,13 @@ def check(x: torch.Tensor, w: PackedQuantWeight, ref: torch.Tensor, cfg: Config)
     return bool(torch.isfinite(got).all()) and (got - ref).abs().max().item() <= limit
 
 
-def with_splits(candidates: list[Config], splits: list[int]) -> list[Config]:
+def with_splits(candidates: list[Config], splits: list[int], qtype: T, k: int) -> list[Config]:
     """Each matvec candidate again at each K split of `splits` it does not already have. The sweep's
     own splits are 1 and `auto_split_k`'s, which gives 1 whenever the row tiles alone make two per SM,
     so a tall weight's long rows (the 7B's down: 448 tiles of 8 rows, 9 steps of 2,048 each) are
-    never tried with fewer steps a program and more programs in flight."""
+    never tried with fewer steps a program and more programs in flight. An int8 config that a split
+    makes one step a program is also tried preloaded (its weights loaded before the PDL wait, as
+    `env_tile` gives one-step tiles): the 0.5B's Q4_K down at 8 x 512 split 10, for one."""
     have = set(candidates)
     out = []
     for c in candidates:
@@ -236,9 +241,16 @@ def with_splits(candidates: list[Config], splits: list[int]) -> list[Config]:
             if isinstance(c, MatvecConfig) and c.preload and s < c.split_k:
                 continue  # fewer splits: more than the one step a preloaded program takes
             new = replace(c, split_k=s) if isinstance(c, MatvecConfig) else c
-            if new not in have:
-                have.add(new)
-                out.append(new)
+            twins = [new]
+            one_step = isinstance(new, MatvecConfig) and program_steps(new, k) <= 1
+            # (the int8 Q8_0 and Q5_0 kernels preload the matched step only)
+            preloadable = qtype in (T.Q4_K, T.Q6_K) or (isinstance(new, MatvecConfig) and new.matched_loads)
+            if one_step and isinstance(new, MatvecConfig) and new.int8_x and not new.preload and preloadable:
+                twins.append(replace(new, preload=True))
+            for twin in twins:
+                if twin not in have:
+                    have.add(twin)
+                    out.append(twin)
     return out
 
 
@@ -291,6 +303,7 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
         key += " matched" if cfg.matched_loads else ""
         key += " preload" if cfg.preload else ""
         key += f" row_tiles {cfg.row_tiles}" if cfg.row_tiles > 1 else ""
+        key += " lane_blocks" if cfg.lane_blocks else ""
         key += " prefetch" if cfg.prefetch else ""
         key += f" maxnreg {cfg.max_registers}" if cfg.max_registers else ""
         key += " paired_dm" if cfg.paired_dm else ""
@@ -373,7 +386,8 @@ def main() -> int:
         if args.tiles:
             tiles = set(args.tiles.split(","))
             candidates = [c for c in candidates if f"{c.block_n}x{c.block_k}" in tiles]
-        candidates += with_splits(candidates, [int(s) for s in filter(None, args.splits.split(","))])
+        splits = [int(s) for s in filter(None, args.splits.split(","))]
+        candidates += with_splits(candidates, splits, qtype, k)
         results = []
         for cfg in [default, *[c for c in candidates if c != default]]:
             try:

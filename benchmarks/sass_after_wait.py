@@ -25,7 +25,8 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter's jit functions cannot be compiled", file=sys.stderr)
         return 2
-    from strata.kernels.compile_check import at_wait, compile_variant, variants
+    from strata.kernels.compile_check import compile_variant, variants
+    from strata.kernels.sass import at_wait
 
     print("| variant | before wait | after wait | LDG after | BAR.SYNC after | STS+STSM after | SHFL after |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -204,6 +204,17 @@ def matvec_row_tiles() -> int:
     return _integer("STRATA_MATVEC_ROW_TILES", 1, 1, 8)
 
 
+def int8_lane_blocks() -> bool:
+    """STRATA_INT8_LANE_BLOCKS=1 (opt-in until timed): on the GPU kernel path, the int8-x Q8_0 and Q5_0
+    matvecs for one row of x (`matvec_tiles.int8_legacy_tile`) put a whole block in a lane instead of
+    half of one (`MatvecConfig.lane_blocks`). In the sm_90 build of the 0.5B's tile (8 x 1,024, 8
+    warps, preloaded) a thread runs 187 instructions instead of 251 for Q5_0 and 120 instead of 176 for
+    Q8_0: one load of each plane instead of two, and a row's sum in one warp, with no shared memory.
+    Rows longer than 2,048 take steps of 1,024 instead of 512. The same products, summed in another
+    order."""
+    return _level("STRATA_INT8_LANE_BLOCKS", "0", ("0", "1")) == "1"
+
+
 def q6k_halves() -> int:
     """STRATA_Q6K_HALVES (opt-in until timed; default 0, at most 64): on the GPU kernel path, how many
     128-element halves of a super-block a program of Q6_K's row-interleaved int8 matvec takes (K split

@@ -22,6 +22,7 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_WIDEN_TO_STACK", env.widen_to_stack, False),
     ("STRATA_X_PER_ROW", env.x_per_row, False),
     ("STRATA_ROWS_PRELOAD", env.rows_preload, False),
+    ("STRATA_INT8_LANE_BLOCKS", env.int8_lane_blocks, False),
 ]
 
 

@@ -8,6 +8,7 @@ scale, split-K, several tokens and a padding token (negative slot); clear errors
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -114,16 +115,18 @@ def test_q4_k_planar_int8(parts, m):
 
 LEGACY_INT8 = MatvecConfig(8, 256, 1, int8_x=True)
 PRELOADED = MatvecConfig(8, 256, 1, int8_x=True, matched_loads=True, preload=True)  # the decode tile's kind
+LANES = replace(PRELOADED, lane_blocks=True)  # STRATA_INT8_LANE_BLOCKS
 
 
 @pytest.mark.parametrize(
     "qtype,m,parts,config",
     [(T.Q5_0, 1, "qkv", PRELOADED), (T.Q8_0, 1, "qk", PRELOADED), (T.Q8_0, 2, "qk", LEGACY_INT8),
-     (T.Q5_0, 3, "v", LEGACY_INT8)],
+     (T.Q5_0, 3, "v", LEGACY_INT8), (T.Q5_0, 1, "qkv", LANES),
+     (T.Q8_0, 1, "v", replace(LANES, preload=False))],
 )  # fmt: skip
 def test_legacy_int8_kernels(qtype, m, parts, config):
     # Q5_0 and Q8_0 on int8 x (STRATA_INT8_X's default): the dp4a kernel's store rotates and writes,
-    # after the plain loop and after the preloaded matched step
+    # after the plain loop and after the preloaded matched step (a half block a lane, and a whole one)
     w = pack_quant_weight(random_weight(qtype, 96, 256, 0).to(DEVICE), qtype, 96, 256)
     assert writes_kv(w, torch.bfloat16, True, 32)
     assert_same(*run_both(qtype, m=m, parts=parts, config=config))

@@ -48,6 +48,7 @@ ENV_OPTIONS = {
     "rows_preload": "STRATA_ROWS_PRELOAD",
     "matvec_row_tiles": "STRATA_MATVEC_ROW_TILES",
     "q6k_halves": "STRATA_Q6K_HALVES",
+    "int8_lane_blocks": "STRATA_INT8_LANE_BLOCKS",
     "l2_warm": "STRATA_L2_WARM",
 }
 

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from strata.kernels._bits import split_range, store_rows
 from strata.kernels._int8_x import _dot_rows, _x_rows
+from strata.kernels._matvec_legacy_int8_blocks import int8_block_dot, int8_block_weights, int8_blocks
 from strata.kernels._matvec_legacy_int8_matched import (
     Q8_0,
     int8_chunk_dot,
@@ -45,7 +46,7 @@ def legacy_int8_matvec_kernel(
     QTYPE: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, MATCHED: tl.constexpr = False,
-    PRELOAD: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False, LANE_BLOCKS: tl.constexpr = False,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
@@ -53,7 +54,8 @@ def legacy_int8_matvec_kernel(
     """qs_ptr is an int32 view of the quants (stride in words); qh_ptr Q5_0's int32 qh (Q8_0: unused).
     Every row of x at once (M_PAD of them). MATCHED (M = 1): `_matvec_legacy_int8_matched`'s loop, every
     load in one thread layout; with PRELOAD (one step a program), its step's weights loaded and decoded
-    before the PDL wait. The kv_* arguments to INTERLEAVED: the K/V write in the store (as
+    before the PDL wait; with LANE_BLOCKS, `_matvec_legacy_int8_blocks`' layout (a block a lane) for
+    either. The kv_* arguments to INTERLEAVED: the K/V write in the store (as
     `_matvec_legacy`'s Q8_0)."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
@@ -64,7 +66,16 @@ def legacy_int8_matvec_kernel(
         kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED, KV_Q + KV_K > 0)
     lo, hi = split_range(n_blocks, NB, SPLIT_K)
     tl.static_assert(not PRELOAD or MATCHED, "PRELOAD runs the matched step")
-    if PRELOAD:  # the decode before the wait (`await_inputs_after`): a float token of every word
+    tl.static_assert(not LANE_BLOCKS or MATCHED, "LANE_BLOCKS is a layout of the matched loop")
+    if PRELOAD and LANE_BLOCKS:  # the decode before the wait, as below
+        low, high, d = int8_block_weights(
+            qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d, QTYPE, NB
+        )
+        await_inputs_after((tl.sum(low ^ high, 2).to(tl.float32) * d).to(tl.int32, bitcast=True), PDL)
+        acc = tl.zeros((BLOCK_N, NB), tl.float32)
+        acc = int8_block_dot(acc, xq_ptr, xd_ptr, low, high, d, lo, hi, BLOCK_N, NB, USE_ASM)
+        acc = tl.sum(acc, 1)[None, :]
+    elif PRELOAD:  # the decode before the wait (`await_inputs_after`): a float token of every word
         w, d = int8_chunk_weights(
             qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d, QTYPE, NB
         )
@@ -72,6 +83,10 @@ def legacy_int8_matvec_kernel(
         acc = tl.zeros((BLOCK_N, NB, 2), tl.float32)
         acc = int8_chunk_dot(acc, xq_ptr, xd_ptr, w, d, lo, hi, BLOCK_N, NB, USE_ASM)
         acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
+    elif MATCHED and LANE_BLOCKS:
+        await_inputs(PDL)
+        acc = int8_blocks(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d,
+                          QTYPE, BLOCK_N, NB, USE_ASM)[None, :]  # fmt: skip
     elif MATCHED:
         await_inputs(PDL)
         acc = int8_chunks(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d,

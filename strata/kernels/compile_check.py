@@ -13,15 +13,12 @@ if any fails.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import traceback
-from pathlib import Path
 from typing import Any
 
 from strata.kernels.compile_check_kv import kv_variants
+from strata.kernels.sass import barriers_in_loops, decodes_after_wait
 
 # Pointer element types by argument name; kernels override where theirs differ.
 POINTERS = {
@@ -64,6 +61,11 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 out.append(
                     (f"legacy int8 {qtype} 8x1024 preload matched", legacy_int8_matvec_kernel, full, {})
                 )
+                # a whole block a lane: the loop of longer rows' tile, and the one-step tile preloaded
+                loop = dict(matched, BLOCK_N=8, BLOCK_K=1024, NUM_WARPS=8)
+                for at, lanes in ((" 8x1024", loop), (" 8x1024 preload", full)):
+                    lanes = dict(lanes, LANE_BLOCKS=True)
+                    out.append((f"legacy int8 {qtype}{at} lane blocks", legacy_int8_matvec_kernel, lanes, {}))
         out.append((f"Q6_K int8 {name}", q6_k_int8_matvec_kernel, int8, {"sc_ptr": "*i8"}))
         q6_scalar = dict(int8, SCALAR_SCALES=True)
         out.append((f"Q6_K int8 {name} scalar_scales", q6_k_int8_matvec_kernel, q6_scalar, {"sc_ptr": "*i8"}))
@@ -376,42 +378,6 @@ def converts_in_loops(ttgir: str) -> int:
     return count
 
 
-def barriers_in_loops(cubin: bytes) -> int | None:
-    """Barriers (BAR.SYNC) inside the SASS's loops, from Triton's bundled nvdisasm (None without it):
-    what the layout conversions that are not no-ops cost every iteration. `converts_in_loops` counts
-    the TTGIR's conversions, some of which change nothing and compile to no instruction at all."""
-    lines = _sass(cubin)
-    if lines is None:
-        return None
-    labels = {
-        line.strip()[:-1]: i
-        for i, line in enumerate(lines)
-        if line.strip().startswith(".L") and line.strip().endswith(":")
-    }
-    inside: set[int] = set()  # lines in some loop, counted once however many loops hold them
-    for i, line in enumerate(lines):  # a loop: a branch back to a label above it
-        target = re.search(r"BRA `?\(?(\.L\w+)", line)
-        start = labels.get(target.group(1), i) if target else i
-        inside.update(range(start, i))
-    return sum("BAR.SYNC" in lines[j] for j in inside)
-
-
-def _sass(cubin: bytes) -> list[str] | None:
-    """The cubin's SASS lines, from Triton's bundled nvdisasm (None without it)."""
-    import triton
-
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    if not nvdisasm.exists():
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run(
-            [str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    return sass.splitlines()
-
-
 def check_pdl(ptx: str, level: int, preload: bool = False) -> None:
     """PDL 1 or 2: the PTX waits for the previous kernel; 2: it asks L2 for weights before that wait;
     `preload` (`preloads`): it loads from global memory before that wait."""
@@ -428,25 +394,6 @@ def preloads(constexprs: dict[str, Any]) -> bool:
     """Whether a variant loads from global memory before its wait: a preloaded matvec (its weights)
     or an attention split with PREFETCH_KV 2 (its first K/V tile)."""
     return bool(constexprs.get("PRELOAD", False)) or constexprs.get("PREFETCH_KV") == 2
-
-
-def at_wait(cubin: bytes) -> tuple[list[str], list[str]] | None:
-    """The SASS's instructions before and after its first grid dependency wait (ACQBULK; a kernel
-    without one: all after), from Triton's bundled nvdisasm (None without it)."""
-    lines = _sass(cubin)
-    if lines is None:
-        return None
-    code = [line for line in lines if "*/" in line and ";" in line]
-    wait = next((i for i, line in enumerate(code) if "ACQBULK" in line), 0)
-    return code[:wait], code[wait:]
-
-
-def decodes_after_wait(cubin: bytes) -> int | None:
-    """The `exact_float` decodes (FADD of -(2**23 + bias)) after the first wait (`at_wait`; None
-    without nvdisasm): a preloaded fp32-x matvec must have none, `await_inputs_after` keeping ptxas
-    from moving them past the wait."""
-    split = at_wait(cubin)
-    return None if split is None else sum("FADD" in line and "-8388" in line for line in split[1])
 
 
 def compile_variant(fn: Any, constexprs: dict[str, Any], pointers: dict[str, str]) -> Any:

@@ -106,7 +106,8 @@ def int8_matvec(
         qh, d = rest if qtype == _T.Q5_0 else (qs, rest[0])  # Q8_0 has no qh: any pointer will do
         legacy_int8_matvec_kernel[grid](
             xq, xd, *dest, qs, qh, d, n, k, stride_ys, stride_ym, qs.stride(0), qh.stride(0), d.stride(0),
-            QTYPE=int(qtype), MATCHED=cfg.matched_loads, PRELOAD=cfg.preload, **common, **(kv or {}),
+            QTYPE=int(qtype), MATCHED=cfg.matched_loads, PRELOAD=cfg.preload, LANE_BLOCKS=cfg.lane_blocks,
+            **common, **(kv or {}),
         )  # fmt: skip
     else:
         q4_k_int8_matvec_kernel[grid](

@@ -47,6 +47,12 @@ def check_flags(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: i
             f"(not with flat_acc), not {m} rows of {qtype.name} with int8_x={int8_x}, "
             f"flat_acc={cfg.flat_acc}: leave it off there"
         )
+    if cfg.lane_blocks and not (int8_x and cfg.matched_loads and qtype in (_T.Q8_0, _T.Q5_0)):
+        raise ValueError(
+            "MatvecConfig.lane_blocks is a layout of the int8_x Q8_0 and Q5_0 kernels' matched loop, not "
+            f"{qtype.name} with int8_x={int8_x}, matched_loads={cfg.matched_loads}: leave it off there, "
+            "or give int8_x=True and matched_loads=True"
+        )
     if cfg.paired_dm and not planar:
         raise ValueError(
             f"MatvecConfig.paired_dm is implemented in Q4_K's planar kernels only, not {qtype.name} "

@@ -80,15 +80,22 @@ def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
     four weights in a Q8_0 file (the same run: q+k+v 11.91 us against 12.31 at the fp32 default tile,
     o 7.82 against 10.46, gate+up 54.56 against 59.52, down 32.73 against 42.07). The matched loop beat
     the plain int8 one at every weight timed. Rows of x beyond one (batched decode) keep the plain
-    int8 loop, untimed on these types (it has half the fp32 kernels' barriers in its loop at M = 3)."""
+    int8 loop, untimed on these types (it has half the fp32 kernels' barriers in its loop at M = 3).
+    STRATA_INT8_LANE_BLOCKS: either tile with a whole block a lane (`MatvecConfig.lane_blocks`), the
+    longer rows' loop at 8 x 1,024 (at 8 x 512 with 8 warps half of a block's words go to each of two
+    lanes: 81 instructions a thread a step for 16 weights in the sm_90 build of Q5_0's, against 116
+    for 32 at 8 x 1,024; untimed)."""
     from strata.kernels.quant_matvec import auto_split_k  # (quant_matvec imports this module)
 
+    lanes = env.int8_lane_blocks()
     if w.k > 2048:
-        split = auto_split_k(w.n, w.k, 8, 512)
+        block_k = 1024 if lanes else 512
+        split = auto_split_k(w.n, w.k, 8, block_k)
         return replace(
-            cfg, block_n=8, block_k=512, split_k=split, num_warps=8, matched_loads=True, flat_acc=False
-        )
+            cfg, block_n=8, block_k=block_k, split_k=split, num_warps=8, matched_loads=True, flat_acc=False,
+            lane_blocks=lanes,
+        )  # fmt: skip
     return replace(
         cfg, block_n=8, block_k=triton.next_power_of_2(w.k), split_k=1, num_warps=4 if w.n >= 65536 else 8,
-        preload=True, matched_loads=True, flat_acc=False, row_tiles=1,
+        preload=True, matched_loads=True, flat_acc=False, row_tiles=1, lane_blocks=lanes,
     )  # fmt: skip

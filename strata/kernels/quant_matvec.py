@@ -97,7 +97,10 @@ class MatvecConfig:
     (Q5_0's preloaded matched step, one split) gives a program that many row tiles, the next tile's
     weights loaded before the current is multiplied: fewer programs than one a tile (the 0.5B's
     gate+up: 2.3 waves of 1,216 in Nsight Compute), the same bits (STRATA_MATVEC_ROW_TILES; opt-in,
-    0.90-0.98x on the 0.5B's decode)."""
+    0.90-0.98x on the 0.5B's decode). `lane_blocks` (the int8-x Q8_0 and Q5_0 kernels' matched loop or
+    step) puts a whole block in one lane instead of a half block (`_matvec_legacy_int8_blocks`): its
+    loads once, no shared memory in the sum at 8 rows; the same products in another order
+    (STRATA_INT8_LANE_BLOCKS; opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -114,6 +117,7 @@ class MatvecConfig:
     paired_dm: bool = False
     preload: bool = False
     row_tiles: int = 1
+    lane_blocks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps"):
