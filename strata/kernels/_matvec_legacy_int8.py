@@ -6,8 +6,9 @@ Q5_0: elements i and 16 + i are the low and high nibbles of quant byte i, and bi
 uint32 qh is bit 4 of element i. Word j (j < 4: low nibbles of quant word j; j >= 4: high nibbles of
 word j - 4) gets its four fifth bits by spreading 4 bits of qh, one to each byte (a multiply by
 0x00204081 puts bit b at bit 8b: its four shifted copies do not overlap); then q - 16 per byte without
-borrows, as ((q | 0x80) - 16) ^ 0x80. Per block: y += d * dx * dot. The result differs from the fp32
-product by at most sum_k |w_k| * dx_k / 2, plus fp32 rounding.
+borrows: the nibble where the bit is set, 0xF0 | nibble where it is clear (`q5_0_signed_words`). Per
+block: y += d * dx * dot. The result differs from the fp32 product by at most sum_k |w_k| * dx_k / 2,
+plus fp32 rounding.
 """
 
 import triton

@@ -30,11 +30,12 @@ _SUM_BIAS: tl.constexpr = tl.constexpr(1 << 20)
 def q5_0_signed_words(nib, qh, j):
     """Weight words of q - 16 as signed bytes: `nib` the words' four nibbles (one a byte), `qh` the
     block's fifth bits, `j` the word's index in the block (bits 4j .. 4j + 3 of qh are its bytes').
-    A multiply by 0x00204081 puts bit b of the four at bit 8b (its shifted copies do not overlap);
-    then q - 16 per byte without borrows, as ((q | 0x80) - 16) ^ 0x80."""
-    fifth = ((((qh >> (4 * j)) & 15) * 0x00204081) & 0x01010101) << 4
-    w = (((nib | fifth).to(tl.uint32, bitcast=True) | 0x80808080) - 0x10101010) ^ 0x80808080
-    return w.to(tl.int32, bitcast=True)
+    A multiply by 0x00204081 puts bit b of the four at bit 8b (its shifted copies do not overlap).
+    A byte whose fifth bit is set is its nibble (16 + nib - 16); one whose bit is clear is nib - 16,
+    which in two's complement is 0xF0 | nib: so the cleared bits, times 0xF0, ORed in (no borrows;
+    one instruction fewer a word than ((q | 0x80) - 16) ^ 0x80 in the sm_90 build)."""
+    clear = ~(((qh >> (4 * j)) & 15) * 0x00204081) & 0x01010101
+    return nib | (clear * 0xF0)
 
 
 @triton.jit
