@@ -199,20 +199,25 @@ def matvec_row_tiles() -> int:
     weights of at least 512 tiles (the 0.5B's gate+up: 1,216 tiles of 8 rows, which Nsight Compute ran
     in 2.3 waves at 41 % occupancy and 20 % of the DRAM bandwidth, H100). The next tile's weights are
     loaded before the current tile is multiplied. The same bits. Measured (H100, 2026-12-07, the 0.5B's
-    decode of one sequence): 2 tiles 0.980x (arms swapped 0.995x), 3 0.896x, 4 0.895x; in graphs the
-    gate+up took 7.38, 8.10 and 8.83 us a call against 6.93: the waves were not what bounds it."""
+    decode of one sequence): 2 tiles 0.980x (arms swapped 0.995x), 3 0.896x, 4 0.895x."""
     return _integer("STRATA_MATVEC_ROW_TILES", 1, 1, 8)
 
 
 def int8_lane_blocks() -> bool:
     """STRATA_INT8_LANE_BLOCKS=1 (opt-in until timed): on the GPU kernel path, the int8-x Q8_0 and Q5_0
-    matvecs for one row of x (`matvec_tiles.int8_legacy_tile`) put a whole block in a lane instead of
-    half of one (`MatvecConfig.lane_blocks`). In the sm_90 build of the 0.5B's tile (8 x 1,024, 8
-    warps, preloaded) a thread runs 187 instructions instead of 251 for Q5_0 and 120 instead of 176 for
-    Q8_0: one load of each plane instead of two, and a row's sum in one warp, with no shared memory.
-    Rows longer than 2,048 take steps of 1,024 instead of 512. The same products, summed in another
-    order."""
+    matvecs for one row of x put a whole block in a lane instead of half of one (`int8_legacy_tile`,
+    `MatvecConfig.lane_blocks`): about a quarter fewer instructions a thread in their sm_90 builds.
+    The same products, summed in another order."""
     return _level("STRATA_INT8_LANE_BLOCKS", "0", ("0", "1")) == "1"
+
+
+def split_one_step() -> bool:
+    """STRATA_SPLIT_ONE_STEP=1 (opt-in until timed): on the GPU kernel path, an int8 Q4_K (planar) or
+    Q6_K (blocks) matvec of one row of x whose default tile makes fewer than two row tiles an SM
+    splits K until each program takes one step, its weights loaded before the PDL wait
+    (`matvec_tiles.splits_to_one_step`: the 0.5B's Q4_K down, 1,120 programs of one step instead of
+    336 of four). The same products, split-K sums in another order."""
+    return _level("STRATA_SPLIT_ONE_STEP", "0", ("0", "1")) == "1"
 
 
 def q6k_halves() -> int:
@@ -230,9 +235,7 @@ def l2_warm() -> int:
     of reading them, from a side stream at each block's start (`layers.l2_warm`): the 0.5B's layers
     hold about 11 MiB, the 7B's 140 (its attention output and the start of its gate+up fit a 24 MiB
     window). The same values: the kernel only prefetches. Measured (H100, 2026-12-07, decode of one
-    sequence, the same ids): 0.5B at 16 MiB 0.976x (arms swapped 0.960x), 7B at 24 MiB 0.984x. Even
-    held in L2 the 0.5B's matvecs gain little (in graphs, gate+up 6.55 us against 6.93 from HBM, o and v
-    none): their loads' latency from HBM is not what bounds them."""
+    sequence, the same ids): 0.5B at 16 MiB 0.976x (arms swapped 0.960x), 7B at 24 MiB 0.984x."""
     return _integer("STRATA_L2_WARM", 0, 0, 4096) << 20
 
 

@@ -23,6 +23,7 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_X_PER_ROW", env.x_per_row, False),
     ("STRATA_ROWS_PRELOAD", env.rows_preload, False),
     ("STRATA_INT8_LANE_BLOCKS", env.int8_lane_blocks, False),
+    ("STRATA_SPLIT_ONE_STEP", env.split_one_step, False),
 ]
 
 

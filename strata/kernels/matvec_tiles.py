@@ -1,7 +1,8 @@
 """The tile a one-row decode matvec runs when its caller names none, beyond `default_config`'s:
 STRATA_MATVEC_PRELOAD's one-step tiles whose weights are loaded before the PDL wait
 (`MatvecConfig.preload`, with `matched_loads` by default), with STRATA_MATVEC_ROW_TILES's row tiles
-a program on tall Q5_0 weights."""
+a program on tall Q5_0 weights, STRATA_SPLIT_ONE_STEP's one preloaded step a split on short int8
+weights."""
 
 from __future__ import annotations
 
@@ -25,14 +26,21 @@ ROW_TILES_FROM = 512
 # STRATA_MATVEC_ONE_STEP: the K (exclusive, inclusive) whose Q4_K planar int8 matvec takes one step of
 # the upper bound, two at the default tile's 2,048 (the 7B's 3,584).
 ONE_STEP_K = (2048, 4096)
+# STRATA_SPLIT_ONE_STEP applies to int8 weights of fewer row tiles than this (two per SM of an H100):
+# the 0.5B's Q4_K down (112 tiles of 8 rows) and the 1.5B's o (192), not the 7B's weights (448 and more).
+# (Q6_K's default "rows" layout and Q4_K's "rows", the 1.5B's down among them, run kernels of their own.)
+SPLIT_ONE_STEP_BELOW = 264
 
 
 def env_tile(cfg: MatvecConfig, w: PackedQuantWeight, m: int, int8_x: bool) -> MatvecConfig:
     """The tile a launch without a config runs for `m` rows of x by `w` (packed once), from
     `default_config`'s `cfg`: STRATA_MATVEC_ONE_STEP's one preloaded step on Q4_K's planar int8 matvec
-    where it applies, else STRATA_MATVEC_PRELOAD's `preload_tile`, for one row."""
+    where it applies, else STRATA_SPLIT_ONE_STEP's `split_one_step` where that applies, else
+    STRATA_MATVEC_PRELOAD's `preload_tile`, for one row."""
     if m != 1:
         return cfg
+    if int8_x and env.split_one_step() and splits_to_one_step(cfg, w):
+        return replace(cfg, split_k=triton.cdiv(w.k, cfg.block_k), preload=True)
     warps = env.matvec_one_step()
     if int8_x and warps and w.planar and w.layout != "rows" and ONE_STEP_K[0] < w.k <= ONE_STEP_K[1]:
         return replace(cfg, block_n=8, block_k=ONE_STEP_K[1], split_k=1, num_warps=warps, preload=True)
@@ -99,3 +107,15 @@ def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
         cfg, block_n=8, block_k=triton.next_power_of_2(w.k), split_k=1, num_warps=4 if w.n >= 65536 else 8,
         preload=True, matched_loads=True, flat_acc=False, row_tiles=1, lane_blocks=lanes,
     )  # fmt: skip
+
+
+def splits_to_one_step(cfg: MatvecConfig, w: PackedQuantWeight) -> bool:
+    """Whether STRATA_SPLIT_ONE_STEP splits `w`'s K so that each program of `cfg`'s tile takes one
+    step, its weights loaded before the PDL wait: Q4_K's planar and Q6_K's int8 kernels (the kernels
+    whose preload takes any split), on weights of fewer row tiles than SPLIT_ONE_STEP_BELOW, where
+    `default_config`'s few splits leave each program several steps one after another. The 0.5B's Q4_K
+    down (896 x 4,864) runs 112 tiles of 8 x 512 split 3 with 4 warps, four steps a program: about 0.7
+    MB of loads in flight at a time for 3.6 MB, near the 5.4 us it takes at ~1 us a round trip; split
+    10, 1,120 programs of one step put all of it in flight at once."""
+    kernel = (w.planar or w.qtype == _T.Q6_K) and w.layout != "rows"
+    return kernel and triton.cdiv(w.n, cfg.block_n) < SPLIT_ONE_STEP_BELOW and program_steps(cfg, w.k) > 1
