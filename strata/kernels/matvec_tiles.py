@@ -91,7 +91,7 @@ def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
     int8 loop, untimed on these types (it has half the fp32 kernels' barriers in its loop at M = 3).
     STRATA_INT8_LANE_BLOCKS: either tile with a whole block a lane (`MatvecConfig.lane_blocks`), the
     longer rows' loop at 8 x 1,024 (at 8 x 512 with 8 warps half of a block's words go to each of two
-    lanes: 81 instructions a thread a step for 16 weights in the sm_90 build of Q5_0's, against 116
+    lanes: 83 instructions a thread a step for 16 weights in the sm_90 build of Q5_0's, against 109
     for 32 at 8 x 1,024; untimed)."""
     from strata.kernels.quant_matvec import auto_split_k  # (quant_matvec imports this module)
 
