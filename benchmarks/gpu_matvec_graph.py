@@ -107,8 +107,9 @@ def configs(
     Q5_0 also with int8 x (--int8-only: the int8 configs alone); fp32-x Q8_0 and Q5_0 also with
     matched loads and, where a program takes one K step, with its weights loaded before the PDL wait
     (plain and matched; the int8 Q4_K and Q6_K kernels: their first step's; the int8 Q8_0 and Q5_0
-    kernels: matched, and matched and preloaded); Q5_0's matched preload on
-    tall weights (512 tiles and more) also with 2-4 row tiles a program.
+    kernels: matched, and matched and preloaded, each with half a block a lane and a whole one; at 2-4
+    rows of x, the whole block); Q5_0's matched preload on tall weights (512 tiles and more) also
+    with 2-4 row tiles a program.
     Matmul (with --tensor-core): the tensor-core kernel with its row tile padded to 16, in both operand
     orders, as a candidate for 16-bit x."""
     if smoke:
@@ -185,6 +186,8 @@ def configs(
                     out.append(matched)
                     if -(-k // 32 // split) <= bk // 32:
                         out.append(replace(matched, preload=True))
+            if 1 < m <= 4 and qtype in (T.Q8_0, T.Q5_0) and int8:  # batched: a whole block a lane
+                out.append(MatvecConfig(bn, bk, split, warps, int8_x=True, lane_blocks=True))
             if m == 1 and qtype in (T.Q8_0, T.Q5_0) and int8 is None:  # and every load in one layout
                 out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True))
                 if -(-k // 32 // split) <= bk // 32:  # one step a program: its weights before the wait

@@ -205,9 +205,9 @@ def matvec_row_tiles() -> int:
 
 def int8_lane_blocks() -> bool:
     """STRATA_INT8_LANE_BLOCKS=1 (opt-in until timed): on the GPU kernel path, the int8-x Q8_0 and Q5_0
-    matvecs for one row of x put a whole block in a lane instead of half of one (`int8_legacy_tile`,
-    `MatvecConfig.lane_blocks`): about a quarter fewer instructions a thread in their sm_90 builds.
-    The same products, summed in another order."""
+    matvecs for one to four rows of x put a whole block in a lane instead of half of one
+    (`int8_legacy_tile`, `MatvecConfig.lane_blocks`): about a quarter fewer instructions a thread at
+    one row, no barrier in the loop at 2-4. The same products, summed in another order."""
     return _level("STRATA_INT8_LANE_BLOCKS", "0", ("0", "1")) == "1"
 
 

@@ -1,8 +1,9 @@
 """Q8_0's and Q5_0's dp4a matvec with a whole block a lane (`_matvec_legacy_int8_blocks`,
 `MatvecConfig.lane_blocks`): against the int8 path's own arithmetic and the fp32 product
-(`check_int8`), against the half-block matched kernel it would replace (the same integer dot products,
-each block's scaled once instead of per half: fp32 rounding apart), its preloaded step bit for bit
-against its loop, the tile STRATA_INT8_LANE_BLOCKS gives, and the configs refused."""
+(`check_int8`) for 1-4 rows of x, against the kernels it would replace (the half-block matched loop
+at one row, the plain loop at several: the same integer dot products, each block's scaled once
+instead of per half: fp32 rounding apart), its preloaded step bit for bit against its loop, the tiles
+STRATA_INT8_LANE_BLOCKS gives, and the configs refused."""
 
 from __future__ import annotations
 
@@ -27,15 +28,17 @@ QTYPES = pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0], ids=lambda t: t.name
 LANES = MatvecConfig(8, 256, 1, int8_x=True, matched_loads=True, lane_blocks=True)
 
 
-def run(qtype: T, n: int, k: int, configs: list[MatvecConfig], seed: int = 0) -> list[torch.Tensor]:
-    """Each config's product of one fp32 row (an all-zero block among its blocks: scale 0), in fp32
-    so that the sums' rounding shows."""
+def run(
+    qtype: T, n: int, k: int, configs: list[MatvecConfig], seed: int = 0, m: int = 1
+) -> list[torch.Tensor]:
+    """Each config's product of m fp32 rows (an all-zero block among the first's blocks: scale 0), in
+    fp32 so that the sums' rounding shows."""
     packed = pack_quant_weight(random_weight(qtype, n, k, seed=seed).to(DEVICE), qtype, n, k)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
     x[0, 32:64] = 0
     outs = []
     for cfg in configs:
-        out = torch.full((1, n), float("nan"), dtype=torch.float32, device=DEVICE)
+        out = torch.full((m, n), float("nan"), dtype=torch.float32, device=DEVICE)
         outs.append(quant_matvec(x, packed, qtype, n, k, out=out, config=cfg))
     return outs
 
@@ -50,6 +53,18 @@ def test_against_reference(qtype: T, n: int, blocks: int, block_n: int, block_k:
     # over 512: several steps), split K
     config = replace(LANES, block_n=block_n, block_k=block_k, split_k=split_k)
     check_int8(1, n, k_for(qtype, blocks), torch.bfloat16, config, qtype)
+
+
+@QTYPES
+@pytest.mark.parametrize("m,block_n,split_k", [(2, 16, 1), (3, 16, 2), (4, 8, 1)])
+def test_rows_of_x(qtype: T, m: int, block_n: int, split_k: int):
+    # batched decode: each row of x its own accumulator; against the reference, and against the plain
+    # int8 loop (which runs there without it)
+    lanes = MatvecConfig(block_n, 256, split_k, int8_x=True, lane_blocks=True)
+    check_int8(m, 37, k_for(qtype, 40), torch.bfloat16, lanes, qtype)
+    plain, whole = run(qtype, 37, 40 * 32, [replace(lanes, lane_blocks=False), lanes], m=m)
+    assert torch.isfinite(whole).all()
+    assert torch.allclose(whole, plain, rtol=1e-5, atol=1e-5 * plain.abs().max().item())
 
 
 @QTYPES
@@ -86,6 +101,9 @@ def test_the_setting_gives_both_tiles(qtype: T, n: int, k: int, monkeypatch):
     else:  # the longer rows' loop: steps of 1,024 (a whole block a lane at 8 rows and 8 warps)
         assert (on.block_n, on.block_k, on.num_warps, off.block_k) == (8, 1024, 8, 512)
     assert not env_tile(default, w, 1, int8_x=False).lane_blocks  # fp32 x: not this kernel's
+    for m in (2, 4, 5):  # batched decode: the default tile in the lanes' layout, up to 4 rows
+        rows = default_config(qtype, m, n, k)
+        assert env_tile(rows, w, m, int8_x=True) == replace(rows, lane_blocks=m <= 4)
     monkeypatch.setenv("STRATA_INT8_LANE_BLOCKS", "2")
     with pytest.raises(ValueError, match="STRATA_INT8_LANE_BLOCKS"):
         env_tile(default, w, 1, int8_x=True)
@@ -95,12 +113,12 @@ def test_refused_configs():
     k = 256
     x = torch.randn(1, k, device=DEVICE).bfloat16()
     q5 = pack_quant_weight(random_weight(T.Q5_0, 8, k, 1).to(DEVICE), T.Q5_0, 8, k)
-    with pytest.raises(ValueError, match="lane_blocks is a layout of the int8_x Q8_0 and Q5_0"):
-        quant_matvec(x, q5, T.Q5_0, 8, k, config=replace(LANES, matched_loads=False))
-    with pytest.raises(ValueError, match="lane_blocks is a layout of the int8_x Q8_0 and Q5_0"):
+    with pytest.raises(ValueError, match="lane_blocks is a layout of the int8_x Q8_0 and Q5_0 kernels"):
         quant_matvec(x, q5, T.Q5_0, 8, k, config=replace(LANES, int8_x=False))
+    with pytest.raises(ValueError, match="not 5 rows of Q5_0"):
+        quant_matvec(x.expand(5, k), q5, T.Q5_0, 8, k, config=replace(LANES, matched_loads=False))
     q4 = pack_quant_weight(random_weight(T.Q4_K, 8, k, 1).to(DEVICE), T.Q4_K, 8, k, "planar")
-    with pytest.raises(ValueError, match="not Q4_K"):
+    with pytest.raises(ValueError, match="rows of Q4_K"):
         quant_matvec(x, q4, T.Q4_K, 8, k, config=replace(LANES, matched_loads=False))
 
 

@@ -92,7 +92,7 @@ def test_refused_configs():
     x = torch.randn(2, k, device=DEVICE).bfloat16()
     with pytest.raises(ValueError, match="matched_loads is implemented for one row of x"):
         quant_matvec(x, packed, T.Q5_0, 8, k, config=MatvecConfig(8, 256, int8_x=True, matched_loads=True))
-    with pytest.raises(ValueError, match="runs the matched step: give matched_loads=True"):
+    with pytest.raises(ValueError, match="runs the matched or the lanes. step: give matched_loads=True"):
         quant_matvec(x[:1], packed, T.Q5_0, 8, k, config=MatvecConfig(8, 256, int8_x=True, preload=True))
 
 

@@ -124,7 +124,7 @@ def test_preload_refuses_what_it_does_not_implement(qtype: T):
         ValueError, match=r"one K step a program, not 2.00 \(k=256 split 1 ways, block_k=128\)"
     ):
         quant_matvec(x[:1], packed, qtype, n, k, config=MatvecConfig(8, 128, 1, preload=True))
-    with pytest.raises(ValueError, match="int8_x .* kernel runs the matched step: give matched_loads=True"):
+    with pytest.raises(ValueError, match="the matched or the lanes. step: give matched_loads=True"):
         quant_matvec(x[:1].bfloat16(), packed, qtype, n, k, config=replace(one_step, int8_x=True))
     if qtype == T.Q5_0:
         with pytest.raises(ValueError, match="runs the plain or the matched loop: not with flat_acc"):

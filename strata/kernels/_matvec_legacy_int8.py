@@ -55,9 +55,9 @@ def legacy_int8_matvec_kernel(
     """qs_ptr is an int32 view of the quants (stride in words); qh_ptr Q5_0's int32 qh (Q8_0: unused).
     Every row of x at once (M_PAD of them). MATCHED (M = 1): `_matvec_legacy_int8_matched`'s loop, every
     load in one thread layout; with PRELOAD (one step a program), its step's weights loaded and decoded
-    before the PDL wait; with LANE_BLOCKS, `_matvec_legacy_int8_blocks`' layout (a block a lane) for
-    either. The kv_* arguments to INTERLEAVED: the K/V write in the store (as
-    `_matvec_legacy`'s Q8_0)."""
+    before the PDL wait. LANE_BLOCKS: `_matvec_legacy_int8_blocks`' layout (a block a lane), the loop
+    for up to 4 rows of x, or with PRELOAD the one step for one. The kv_* arguments to INTERLEAVED: the
+    K/V write in the store (as `_matvec_legacy`'s Q8_0)."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc1 = tl.minimum(rows, N - 1)
@@ -66,8 +66,7 @@ def legacy_int8_matvec_kernel(
     if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
         kv = kv_prologue(rows, *kv, M, M_PAD, HEAD_DIM, INTERLEAVED, KV_Q + KV_K > 0)
     lo, hi = split_range(n_blocks, NB, SPLIT_K)
-    tl.static_assert(not PRELOAD or MATCHED, "PRELOAD runs the matched step")
-    tl.static_assert(not LANE_BLOCKS or MATCHED, "LANE_BLOCKS is a layout of the matched loop")
+    tl.static_assert(not PRELOAD or MATCHED or LANE_BLOCKS, "PRELOAD runs the matched or the lanes' step")
     if PRELOAD and LANE_BLOCKS:  # the decode before the wait, as below
         low, high, d = int8_block_weights(
             qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d, QTYPE, NB
@@ -84,10 +83,10 @@ def legacy_int8_matvec_kernel(
         acc = tl.zeros((BLOCK_N, NB, 2), tl.float32)
         acc = int8_chunk_dot(acc, xq_ptr, xd_ptr, w, d, lo, hi, BLOCK_N, NB, USE_ASM)
         acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
-    elif MATCHED and LANE_BLOCKS:
+    elif LANE_BLOCKS:
         await_inputs(PDL)
-        acc = int8_blocks(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d,
-                          QTYPE, BLOCK_N, NB, USE_ASM)[None, :]  # fmt: skip
+        acc = int8_blocks(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, n_blocks, stride_qs, stride_qh,
+                          stride_d, QTYPE, M, M_PAD, BLOCK_N, NB, USE_ASM)  # fmt: skip
     elif MATCHED:
         await_inputs(PDL)
         acc = int8_chunks(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, stride_qs, stride_qh, stride_d,

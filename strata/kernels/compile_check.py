@@ -54,6 +54,9 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         for qtype in (6, 8):
             legacy = dict(int8, QTYPE=qtype)
             out.append((f"legacy int8 {qtype} {name}", legacy_int8_matvec_kernel, legacy, {}))
+            if m > 1:  # batched decode with a whole block a lane
+                lanes = dict(legacy, LANE_BLOCKS=True)
+                out.append((f"legacy int8 {qtype} {name} lane blocks", legacy_int8_matvec_kernel, lanes, {}))
             if m == 1:  # the matched loop, and its one step preloaded at the 0.5B's tile (8 x 1,024)
                 matched = dict(legacy, MATCHED=True, PDL=1)
                 out.append((f"legacy int8 {qtype} {name} matched", legacy_int8_matvec_kernel, matched, {}))
@@ -403,8 +406,9 @@ def compile_variant(fn: Any, constexprs: dict[str, Any], pointers: dict[str, str
     return compile_for_sm90(fn, consts, pointers, constexprs.get("NUM_WARPS", 4))
 
 
-# Variants whose name starts so must compile without a barrier in a loop (the row-interleaved matvecs
-# were written for that, in both Triton versions they met: 3.6 and 3.9).
+# Variants whose name starts so (or holds "lane blocks") must compile without a barrier in a loop (the
+# row-interleaved matvecs and the whole-block lanes were written for that, in both Triton versions they
+# met: 3.6 and 3.9).
 NO_BARRIERS = ("Q4_K rows int8", "Q6_K rows int8")
 
 
@@ -429,7 +433,7 @@ def main() -> int:
                     raise AssertionError(f"PRELOAD but {late} weight decodes after the wait")
             if name == "warm_l2" and "cp.async.bulk.prefetch.L2.global" not in kernel.asm["ptx"]:
                 raise AssertionError("no bulk L2 prefetch in its PTX")
-            if name.startswith(NO_BARRIERS) and bars:
+            if (name.startswith(NO_BARRIERS) or "lane blocks" in name) and bars:
                 raise AssertionError(f"{bars} barriers in its loop, where it was written to have none")
             print(
                 f"ok {name} (layout conversions in loops: {converts}, barriers in loops: {bars})", flush=True

@@ -47,11 +47,10 @@ def check_flags(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: i
             f"(not with flat_acc), not {m} rows of {qtype.name} with int8_x={int8_x}, "
             f"flat_acc={cfg.flat_acc}: leave it off there"
         )
-    if cfg.lane_blocks and not (int8_x and cfg.matched_loads and qtype in (_T.Q8_0, _T.Q5_0)):
+    if cfg.lane_blocks and not (int8_x and qtype in (_T.Q8_0, _T.Q5_0) and m <= 4):
         raise ValueError(
-            "MatvecConfig.lane_blocks is a layout of the int8_x Q8_0 and Q5_0 kernels' matched loop, not "
-            f"{qtype.name} with int8_x={int8_x}, matched_loads={cfg.matched_loads}: leave it off there, "
-            "or give int8_x=True and matched_loads=True"
+            "MatvecConfig.lane_blocks is a layout of the int8_x Q8_0 and Q5_0 kernels for up to 4 rows of "
+            f"x, not {m} rows of {qtype.name} with int8_x={int8_x}: leave it off there, or give int8_x=True"
         )
     if cfg.paired_dm and not planar:
         raise ValueError(
@@ -79,10 +78,10 @@ def _check_preload(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m
             "MatvecConfig.preload is implemented in Q4_K's and Q6_K's int8_x kernels and, for one row of "
             f"x, in the Q8_0 and Q5_0 kernels; not {where}: leave it off there"
         )
-    if int8_x and not cfg.matched_loads:
+    if int8_x and not (cfg.matched_loads or cfg.lane_blocks):
         raise ValueError(
-            f"MatvecConfig.preload in the int8_x {qtype.name} kernel runs the matched step: give "
-            "matched_loads=True too"
+            f"MatvecConfig.preload in the int8_x {qtype.name} kernel runs the matched or the lanes' step: "
+            "give matched_loads=True or lane_blocks=True too"
         )
     steps = program_steps(cfg, packed.k)
     if steps > 1:

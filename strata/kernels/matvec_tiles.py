@@ -36,9 +36,11 @@ def env_tile(cfg: MatvecConfig, w: PackedQuantWeight, m: int, int8_x: bool) -> M
     """The tile a launch without a config runs for `m` rows of x by `w` (packed once), from
     `default_config`'s `cfg`: STRATA_MATVEC_ONE_STEP's one preloaded step on Q4_K's planar int8 matvec
     where it applies, else STRATA_SPLIT_ONE_STEP's `split_one_step` where that applies, else
-    STRATA_MATVEC_PRELOAD's `preload_tile`, for one row."""
+    STRATA_MATVEC_PRELOAD's `preload_tile`, for one row; for 2-4 rows, STRATA_INT8_LANE_BLOCKS's
+    layout in the int8 Q8_0 and Q5_0 kernels."""
     if m != 1:
-        return cfg
+        lanes = int8_x and w.qtype in (_T.Q8_0, _T.Q5_0) and m <= 4 and env.int8_lane_blocks()
+        return replace(cfg, lane_blocks=True) if lanes else cfg
     if int8_x and env.split_one_step() and splits_to_one_step(cfg, w):
         return replace(cfg, split_k=triton.cdiv(w.k, cfg.block_k), preload=True)
     warps = env.matvec_one_step()
