@@ -33,8 +33,11 @@ def kv_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             out.append((f"{kernel.__name__} {name} M=3 split=2", kernel, split, pointers))
         for qtype, tile in ((6, matched), (8, split)):  # Q5_0 and Q8_0 on int8 x
             legacy = dict(tile, QTYPE=qtype, USE_ASM=True, PDL=1)
-            out.append((f"legacy int8 {qtype} {name} M={tile['M']}", legacy_int8_matvec_kernel, legacy,
-                        {"qs_ptr": "*i32", "qh_ptr": "*i32", **KV_POINTERS}))  # fmt: skip
+            words = {"qs_ptr": "*i32", "qh_ptr": "*i32", **KV_POINTERS}
+            kernel = legacy_int8_matvec_kernel
+            out.append((f"legacy int8 {qtype} {name} M={tile['M']}", kernel, legacy, words))
+            lanes = dict(legacy, LANE_BLOCKS=True)  # a whole block a lane: the preloaded step, several rows
+            out.append((f"legacy int8 {qtype} {name} M={tile['M']} lane blocks", kernel, lanes, words))
         int8 = dict(one, BLOCK_K=2048, NUM_WARPS=4, USE_ASM=True, ROWS_AT_ONCE=False, FLAT_ACC=True,
                     SCALAR_SCALES=True, PDL=1)  # fmt: skip
         out.append((f"Q4_K int8 {name} flat_acc scalar_scales", q4_k_int8_matvec_kernel, int8, KV_POINTERS))
