@@ -5,7 +5,7 @@ thread takes one chunk, and Triton spreads the tile so that at 8 rows x 1,024 wi
 holds one chunk of two rows, whose loads of x, dx, Q5_0's quant words and qh are each made twice (both
 chunks read the block's quant words; both rows the same x), whose two row sums go through five
 shuffles each and then across two warps through shared memory (three barriers). Counted in sm_90 SASS,
-264 instructions a thread for its 32 weights: about half in address arithmetic, the duplicated loads
+251 instructions a thread for its 32 weights: about half in address arithmetic, the duplicated loads
 and the reductions. Here a block's halves are two tensors of one shape, (BLOCK_N, NB, 4), so one lane
 holds both: it loads the block's quant words, qh and d once, its x in two 16-byte loads, sums the
 block's 32 products in two chained dp4a of each word pair (exact integers), and scales the block once.

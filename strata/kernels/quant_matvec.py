@@ -97,10 +97,10 @@ class MatvecConfig:
     (Q5_0's preloaded matched step, one split) gives a program that many row tiles, the next tile's
     weights loaded before the current is multiplied: fewer programs than one a tile (the 0.5B's
     gate+up: 2.3 waves of 1,216 in Nsight Compute), the same bits (STRATA_MATVEC_ROW_TILES; opt-in,
-    0.90-0.98x on the 0.5B's decode). `lane_blocks` (the int8-x Q8_0 and Q5_0 kernels' matched loop or
-    step) puts a whole block in one lane instead of a half block (`_matvec_legacy_int8_blocks`): its
-    loads once, no shared memory in the sum at 8 rows; the same products in another order
-    (STRATA_INT8_LANE_BLOCKS; opt-in until timed)."""
+    0.90-0.98x on the 0.5B's decode). `lane_blocks` (the int8-x Q8_0 and Q5_0 kernels, 1-4 rows of x)
+    puts a whole block in one lane instead of a half block (`_matvec_legacy_int8_blocks`): its loads
+    once, no shared memory in the sum at 8 rows, an accumulator a row of x with no barrier at 2-4;
+    the same products in another order (STRATA_INT8_LANE_BLOCKS; opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
