@@ -122,7 +122,8 @@ LANES = replace(PRELOADED, lane_blocks=True)  # STRATA_INT8_LANE_BLOCKS
     "qtype,m,parts,config",
     [(T.Q5_0, 1, "qkv", PRELOADED), (T.Q8_0, 1, "qk", PRELOADED), (T.Q8_0, 2, "qk", LEGACY_INT8),
      (T.Q5_0, 3, "v", LEGACY_INT8), (T.Q5_0, 1, "qkv", LANES),
-     (T.Q8_0, 1, "v", replace(LANES, preload=False))],
+     (T.Q8_0, 1, "v", replace(LANES, preload=False)),
+     (T.Q5_0, 3, "qkv", replace(LEGACY_INT8, lane_blocks=True))],
 )  # fmt: skip
 def test_legacy_int8_kernels(qtype, m, parts, config):
     # Q5_0 and Q8_0 on int8 x (STRATA_INT8_X's default): the dp4a kernel's store rotates and writes,
