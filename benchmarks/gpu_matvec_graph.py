@@ -244,17 +244,21 @@ def with_splits(candidates: list[Config], splits: list[int], qtype: T, k: int) -
             if isinstance(c, MatvecConfig) and c.preload and s < c.split_k:
                 continue  # fewer splits: more than the one step a preloaded program takes
             new = replace(c, split_k=s) if isinstance(c, MatvecConfig) else c
-            twins = [new]
-            one_step = isinstance(new, MatvecConfig) and program_steps(new, k) <= 1
-            # (the int8 Q8_0 and Q5_0 kernels preload the matched step only)
-            preloadable = qtype in (T.Q4_K, T.Q6_K) or (isinstance(new, MatvecConfig) and new.matched_loads)
-            if one_step and isinstance(new, MatvecConfig) and new.int8_x and not new.preload and preloadable:
-                twins.append(replace(new, preload=True))
-            for twin in twins:
+            for twin in (new, *_preloaded(new, qtype, k)):
                 if twin not in have:
                     have.add(twin)
                     out.append(twin)
     return out
+
+
+def _preloaded(c: Config, qtype: T, k: int) -> list[Config]:
+    """`c` preloaded where it is an int8 config of one step a program not preloaded yet, in a kernel
+    whose preload takes it: Q4_K's planar and Q6_K's (any split), Q8_0's and Q5_0's (the matched or
+    the lanes' step)."""
+    if not isinstance(c, MatvecConfig) or not c.int8_x or c.preload or program_steps(c, k) > 1:
+        return []
+    takes = qtype in (T.Q4_K, T.Q6_K) or c.matched_loads or c.lane_blocks
+    return [replace(c, preload=True)] if takes else []
 
 
 def graph_us(

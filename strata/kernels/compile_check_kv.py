@@ -1,8 +1,7 @@
 """`compile_check`'s variants of the K/V write in the matvec store (`kv_in_matvec`): each kernel that
-takes it at the tile its model runs (the 0.5B's preloaded matched Q5_0 and Q8_0 at 8 x 1,024, and
-on int8 x, the
-7B's Q4_K int8 at 8 x 2,048, Q6_K's rows kernel for v), split-K's last split, several rows, both pair
-layouts."""
+takes it at the tile its model runs (the 0.5B's preloaded matched Q5_0 and Q8_0 at 8 x 1,024, on
+fp32 and int8 x, the latter also with a whole block a lane; the 7B's Q4_K int8 at 8 x 2,048; Q6_K's
+rows kernel for v), split-K's last split, several rows, both pair layouts."""
 
 from __future__ import annotations
 

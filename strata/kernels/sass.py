@@ -12,8 +12,8 @@ from pathlib import Path
 
 def barriers_in_loops(cubin: bytes) -> int | None:
     """Barriers (BAR.SYNC) inside the SASS's loops, from Triton's bundled nvdisasm (None without it):
-    what the layout conversions that are not no-ops cost every iteration. `converts_in_loops` counts
-    the TTGIR's conversions, some of which change nothing and compile to no instruction at all."""
+    what the layout conversions that are not no-ops cost every iteration. `compile_check.converts_in_loops`
+    counts the TTGIR's conversions, some of which change nothing and compile to no instruction at all."""
     lines = sass_lines(cubin)
     if lines is None:
         return None
