@@ -359,7 +359,7 @@ def main() -> int:
     p.add_argument(
         "--resident",
         action="store_true",
-        help="every call on one copy of the weight, held in L2 (STRATA_L2_WARM's best case)",
+        help="every call on one copy of the weight, held in L2 (a weight read from L2, not HBM)",
     )
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)

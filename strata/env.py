@@ -229,16 +229,6 @@ def q6k_halves() -> int:
     return _integer("STRATA_Q6K_HALVES", 0, 0, 64)
 
 
-def l2_warm() -> int:
-    """STRATA_L2_WARM (opt-in, measured slower; default 0, off; at most 4,096): on the GPU kernel path with
-    a GPU of compute capability 9.0 or later, the MiB of matvec weights a decode step asks L2 for ahead
-    of reading them, from a side stream at each block's start (`layers.l2_warm`): the 0.5B's layers
-    hold about 11 MiB, the 7B's 140 (its attention output and the start of its gate+up fit a 24 MiB
-    window). The same values: the kernel only prefetches. Measured (H100, 2026-12-07, decode of one
-    sequence, the same ids): 0.5B at 16 MiB 0.976x (arms swapped 0.960x), 7B at 24 MiB 0.984x."""
-    return _integer("STRATA_L2_WARM", 0, 0, 4096) << 20
-
-
 def rows_preload() -> bool:
     """STRATA_ROWS_PRELOAD=1 (opt-in, measured no faster): on the GPU kernel path, the row-interleaved int8
     matvecs (`_matvec_q4k_rows`: the 7B's Q4_K gate+up and down, the 1.5B's down; `_matvec_q6k_rows`:

@@ -326,21 +326,3 @@ def test_gpu_widen_to_stack_keeps_the_logits(monkeypatch, tmp_path: Path) -> Non
     _, stacked = one_row_logits(monkeypatch, path)
     scale = apart[0].abs().max().item()
     torch.testing.assert_close(stacked[0], apart[0], rtol=0, atol=0.05 * scale)
-
-
-@cuda_only
-def test_gpu_l2_warm_keeps_the_tokens(monkeypatch, tmp_path: Path) -> None:
-    # STRATA_L2_WARM: each block's prefetch on a side stream (a parallel branch of the captured graphs,
-    # and eagerly) changes no value: the same ids as without it, at a window smaller than a layer and
-    # at one past the whole model; the warm ran at every block of every decode step it took.
-    from strata.layers.l2_warm import L2Warmer
-
-    path = tiny(tmp_path, "qwen2.5-0.5b-tiny")
-    expected = bf16_ids(path)
-    real, blocks = L2Warmer.ahead_of, []
-    monkeypatch.setattr(L2Warmer, "ahead_of", lambda self, i: blocks.append(i) or real(self, i))
-    for mib in ("1", "64"):
-        monkeypatch.setenv("STRATA_L2_WARM", mib)
-        assert bf16_ids(path) == expected
-        assert bf16_ids(path, cuda_graphs=False) == expected
-    assert blocks[:2] == [0, 1] and set(blocks) == {0, 1}  # the tiny layout's two blocks, in order

@@ -50,7 +50,6 @@ ENV_OPTIONS = {
     "q6k_halves": "STRATA_Q6K_HALVES",
     "int8_lane_blocks": "STRATA_INT8_LANE_BLOCKS",
     "split_one_step": "STRATA_SPLIT_ONE_STEP",
-    "l2_warm": "STRATA_L2_WARM",
 }
 
 OPTIONS: dict[str, frozenset[str]] = {

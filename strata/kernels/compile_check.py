@@ -162,16 +162,7 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         + norm_variants()
         + attention_variants()
         + kv_variants()
-        + [warm_variant()]
     )
-
-
-def warm_variant() -> tuple[str, object, dict[str, Any], dict[str, str]]:
-    """STRATA_L2_WARM's prefetch kernel at its launch constants (main() checks the bulk prefetch)."""
-    from strata.kernels import l2_warm
-
-    consts = dict(LANE_BYTES=l2_warm.LANE_BYTES, LANES=l2_warm.LANES, NUM_WARPS=1)
-    return ("warm_l2", l2_warm._warm_l2_kernel, consts, {"table_ptr": "*i64"})
 
 
 def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
@@ -431,8 +422,6 @@ def main() -> int:
                 late = decodes_after_wait(kernel.asm["cubin"])
                 if late:
                     raise AssertionError(f"PRELOAD but {late} weight decodes after the wait")
-            if name == "warm_l2" and "cp.async.bulk.prefetch.L2.global" not in kernel.asm["ptx"]:
-                raise AssertionError("no bulk L2 prefetch in its PTX")
             if (name.startswith(NO_BARRIERS) or "lane blocks" in name) and bars:
                 raise AssertionError(f"{bars} barriers in its loop, where it was written to have none")
             print(

@@ -8,12 +8,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from strata import env
 from strata.engine.kv_cache import AttentionMetadata, KVCache
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
 from strata.layers.embedding import QuantEmbedding
-from strata.layers.l2_warm import L2Warmer
 from strata.layers.linear import QuantLinear
 from strata.layers.norm import RMSNorm
 from strata.layers.placement import Placement
@@ -46,8 +44,6 @@ class DecoderModel(nn.Module):
         # Norm weights, rotary tables and biases are built on the CPU; the big weights went straight
         # to the device in their layers.
         self.to(place.device)
-        warm = env.l2_warm() if place.kernels else 0
-        self.l2_warm = L2Warmer.build(self.blk, self.output, warm, env.kernel_row_limits()[0])
 
     @property
     def device(self) -> torch.device:
@@ -59,13 +55,8 @@ class DecoderModel(nn.Module):
     def forward(self, ids: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         """(num_tokens,) ids -> (num_tokens, hidden) final hidden states, K/V written into `kv`."""
         x, delta = self.token_embd(ids), None
-        warm = self.l2_warm if self.l2_warm is not None and self.l2_warm.applies(x) else None
-        for i, block in enumerate(self.blk):
-            if warm is not None:
-                warm.ahead_of(i)
+        for block in self.blk:
             x, delta = block(x, delta, kv, meta)
-        if warm is not None:
-            warm.join()
         return self.output_norm.add_and_norm(delta, x)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
