@@ -264,15 +264,6 @@ def live_splits() -> bool:
     return _level("STRATA_LIVE_SPLITS", "0", ("0", "1")) == "1"
 
 
-def rope_in_attention() -> bool:
-    """STRATA_ROPE_IN_ATTENTION=1 (opt-in until timed): on the GPU kernel path, a decode step's
-    rotary embedding and K/V-cache write are done by the paged decode attention kernel (each split
-    rotates q; the one holding the new position writes its K and V first) instead of a launch of
-    their own: one launch fewer per layer, the same bits. 0: `rotary_kv_write` launches first.
-    Measured slower (H100, 2026-12-05): 0.5B decode 0.902x."""
-    return _level("STRATA_ROPE_IN_ATTENTION", "0", ("0", "1")) == "1"
-
-
 def attention_prefetch() -> int:
     """STRATA_ATTENTION_PREFETCH (the kernels' PREFETCH_KV level): tile (2, the default), each paged
     decode attention split loads its first tile's K and V into registers before it waits for the

@@ -6,7 +6,6 @@ logits are compared.
 - STRATA_QUANT_IN_NORM=0: the int8 matvecs quantize x in launches of their own (default: the norms do)
 - STRATA_ACT_IN_QUANT=0: the gated activation launched on its own (default: inside x's quantization)
 - STRATA_LIVE_SPLITS=1: decode attention runs only the splits each context fills
-- STRATA_ROPE_IN_ATTENTION=1: decode attention rotates q and writes the new K/V itself
 - STRATA_SHORT_GRAPHS=256: short contexts split by a bound of 256 positions (with STRATA_SHORT_SPLITS,
   _BLOCK_T and _STAGES at 0; and at others, launched as those say). The defaults' bound of 2,048 is the
   model's whole length here, so the defaults run the long set.
@@ -141,14 +140,6 @@ def test_live_splits(model: Path, defaults: Run):
     least = paged_attention.MIN_SPLIT_LEN
     assert live.attention and all(kw["min_split_len"] == least for kw in live.attention)
     assert paged_attention.choose_num_splits(1, 2, live.attention[0]["max_context_len"]) > 1
-
-
-def test_rope_in_attention(model: Path, defaults: Run):
-    # Decode steps take the fused path (the attention gets new_kv); prefill keeps rotary_kv_write.
-    fused = decode(model, ROPE_IN_ATTENTION="1")
-    assert_same_bits(fused, defaults)
-    assert defaults.attention and all(kw.get("new_kv") is None for kw in defaults.attention)
-    assert fused.attention and all(kw.get("new_kv") is not None for kw in fused.attention)
 
 
 def test_short_context_bound(model: Path, defaults: Run):

@@ -14,7 +14,6 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_ACT_IN_QUANT", env.act_in_quant, True),
     ("STRATA_QUANT_IN_NORM", env.quant_in_norm, True),
     ("STRATA_LIVE_SPLITS", env.live_splits, False),
-    ("STRATA_ROPE_IN_ATTENTION", env.rope_in_attention, False),
     ("STRATA_ROPE_IN_MATVEC", env.rope_in_matvec, True),
     ("STRATA_CONCURRENT_PROJECTIONS", env.concurrent_projections, True),
     ("STRATA_DENSE_STACK", env.dense_stack, True),

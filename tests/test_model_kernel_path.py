@@ -229,21 +229,6 @@ def test_gpu_quantization_in_the_norm_keeps_the_tokens(monkeypatch, tmp_path: Pa
 
 
 @cuda_only
-def test_gpu_rope_in_attention_keeps_the_tokens(monkeypatch, tmp_path: Path) -> None:
-    # STRATA_ROPE_IN_ATTENTION under captured graphs with PDL, with and without live splits (bf16: the
-    # new K rounded to the cache's dtype in the attention kernel): the ids of the rotary kernel's path.
-    path = tiny(tmp_path, "qwen2.5-0.5b-tiny")
-    expected = bf16_ids(path)
-    monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "1")
-    assert bf16_ids(path) == expected
-    monkeypatch.setenv("STRATA_LIVE_SPLITS", "1")
-    assert bf16_ids(path) == expected
-    # Under live splits the graphs for short contexts (one split, no merge) give the same bits.
-    monkeypatch.setenv("STRATA_SHORT_GRAPHS", "256")
-    assert bf16_ids(path) == expected
-
-
-@cuda_only
 def test_gpu_short_graphs_launch_as_eager(monkeypatch, tmp_path: Path) -> None:
     # The short set's own attention launch (16 splits of 64-position tiles in two stages) captured in
     # graphs gives the ids of the same launch run eagerly (the rule that picks the set is shared).

@@ -231,8 +231,6 @@ def test_the_layers_write_what_the_rotary_kernel_writes(monkeypatch, v_type, lay
         assert torch.equal(c.isnan(), wc.isnan()) and torch.equal(c.nan_to_num(), wc.nan_to_num())
     assert not step("1", rows="1")[2]  # two rows: the projections take the matmul, the rotary kernel runs
     assert not step("1", rope_dim=16)[2]  # partial rotary: the rotary kernel
-    monkeypatch.setenv("STRATA_ROPE_IN_ATTENTION", "1")
-    assert not step("1")[2]  # the attention kernel rotates and writes instead
 
 
 @pytest.mark.skipif(

@@ -19,7 +19,6 @@ ENV_OPTIONS = {
     "pdl": "STRATA_PDL",
     "quant_in_norm": "STRATA_QUANT_IN_NORM",
     "live_splits": "STRATA_LIVE_SPLITS",
-    "rope_in_attention": "STRATA_ROPE_IN_ATTENTION",
     "max_splits": "STRATA_MAX_SPLITS",
     "concurrent_projections": "STRATA_CONCURRENT_PROJECTIONS",
     "dense_copy": "STRATA_DENSE_COPY",

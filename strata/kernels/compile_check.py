@@ -252,11 +252,6 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
     for one, window in ((True, False), (False, False), (False, True)):
         consts = dict(split, ONE_SPLIT=one, HAS_WINDOW=window)
         out.append((f"attention split one_split={one} window={window}", _split_kernel, consts, pointers))
-    # With the rotary embedding and the new token's K/V write (`new_kv`).
-    rope = {"k_new_ptr": "*bf16", "v_new_ptr": "*bf16", "positions_ptr": "*i64", "inv_freq_ptr": "*fp32"}
-    rope.update(slot_mapping_ptr="*i64", rope_scale="fp32")
-    consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=False, ROPE=True, ROPE_DIM=64)
-    out.append(("attention split rope", _split_kernel, consts, {**pointers, **rope}))
     # PREFETCH_KV under PDL 2: main() checks the L2 prefetches precede the wait.
     consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=True, PREFETCH_KV=True, PDL=2)
     out.append(("attention split prefetch_kv", _split_kernel, consts, pointers))

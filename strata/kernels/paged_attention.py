@@ -15,11 +15,6 @@ tile: splits of whole tiles, the partition every split count above it gives): th
 splits beyond return at once, and a sequence left with one split has its output written by the
 first kernel, the merge skipping it. A short context in a graph captured for long ones then costs
 one split program a tile of its positions per KV head, and the merge reads only those partials.
-
-With `new_kv` (STRATA_ROPE_IN_ATTENTION=1 on the model path) the split kernel also does
-`rotary_kv.rotary_kv_write`'s work for the step, one launch fewer per layer: every split rotates its
-q heads in registers, and the split holding the new token writes that token's rotated K and its V
-first, behind a barrier, then reads them with the rest of its chunk.
 """
 
 from __future__ import annotations
@@ -41,7 +36,6 @@ from strata.kernels._paged_attention_merge import (
 )
 from strata.kernels.int8_inputs import attach_int8
 from strata.kernels.pdl import await_inputs, launch_args, prefetch_weights
-from strata.kernels.rotary_kv import NewKV, rope_channels, rope_cos_sin, rope_rotate
 from strata.kernels.split_locks import split_locks
 
 _LOG2E = 1.4426950408889634
@@ -64,18 +58,14 @@ def _chunk_range(ctx, lo, live, split, BLOCK_T: tl.constexpr):
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    lock_ptr, k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
-    qk_scale, window, block_size, num_splits, min_split_len,
+    lock_ptr, qk_scale, window, block_size, num_splits, min_split_len,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
-    stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-    DOT_F32: tl.constexpr, ROPE: tl.constexpr = False, ROPE_DIM: tl.constexpr = 0,
-    INTERLEAVED: tl.constexpr = False,
-    PDL: tl.constexpr = False, PREFETCH_KV: tl.constexpr = 0, MERGE_S_PAD: tl.constexpr = 0,
+    DOT_F32: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_KV: tl.constexpr = 0,
+    MERGE_S_PAD: tl.constexpr = 0,
 ):  # fmt: skip
-    """ROPE: q and the new token's k come unrotated; see `paged_decode_attention`'s `new_kv`.
-    PREFETCH_KV 1 (under PDL 2): the first tile's K and V rows asked of L2 before the wait
+    """PREFETCH_KV 1 (under PDL 2): the first tile's K and V rows asked of L2 before the wait
     (`_prefetch_kv`); 2: loaded into registers before the wait (`_first_tile`), all but the new
     token's row, which the step writes, loaded after it (by the split that holds it).
     MERGE_S_PAD (num_splits' power of two; 0: the merge kernel merges): the last split of a head group
@@ -105,12 +95,10 @@ def _split_kernel(
     if split < live:
         _split_chunk(
             q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr,
-            k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
             qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live, slot0, k0, v0,
             stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
-            stride_knb, stride_knh, stride_vnb, stride_vnh,
             NUM_HEADS, G, G_PAD, D, D_PAD, BLOCK_T, ONE_SPLIT, PRECISION, DOT_F32,
-            ROPE, ROPE_DIM, INTERLEAVED, PREFETCH_KV == 2, MERGE_S_PAD,
+            PREFETCH_KV == 2, MERGE_S_PAD,
         )  # fmt: skip
 
 
@@ -166,18 +154,14 @@ def _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, b
 @triton.jit
 def _split_chunk(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr,
-    k_new_ptr, v_new_ptr, positions_ptr, inv_freq_ptr, slot_mapping_ptr, rope_scale,
     qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live, slot0, k0, v0,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
-    stride_knb, stride_knh, stride_vnb, stride_vnh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    ROPE: tl.constexpr, ROPE_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, PRELOADED: tl.constexpr,
-    MERGE_S_PAD: tl.constexpr,
+    PRELOADED: tl.constexpr, MERGE_S_PAD: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
-    one, else its partial. With ROPE, the chunk holding the new token (position ctx - 1) first writes
-    that token's rotated K and its V to the cache; the other chunks never read its slot. PRELOADED:
+    one, else its partial. PRELOADED:
     (slot0, k0, v0) are the first tile's (`_first_tile`), the new token's row still to load."""
     start, end = _chunk_range(ctx, lo, live, split, BLOCK_T)
 
@@ -187,24 +171,7 @@ def _split_chunk(
     gm = ig < G
     dm = idim < D
     q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
-    qm = gm[:, None] & dm[None, :]
-    if ROPE:
-        rotated, partner, freq, sign = rope_channels(idim, ROPE_DIM, INTERLEAVED)
-        cos, sin = rope_cos_sin(positions_ptr, b, inv_freq_ptr, rope_scale, freq, rotated)
-        if (ctx - 1 >= start) & (ctx - 1 < end):
-            _write_new_kv(
-                k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_mapping_ptr, b, kvh, idim, dm,
-                partner, sign, cos, sin, rotated,
-                stride_knb, stride_knh, stride_vnb, stride_vnh, stride_ks, stride_kh, stride_vs, stride_vh,
-            )  # fmt: skip
-            tl.debug_barrier()  # the stores seen by all of this program's threads before the loop reads
-        x = tl.load(q_rows + idim[None, :], mask=qm).to(tl.float32)
-        xp = tl.load(q_rows + partner[None, :], mask=qm).to(tl.float32)
-        # Rounded to q's dtype, as the rotary kernel stores it.
-        q = rope_rotate(x, xp, sign[None, :], cos[None, :], sin[None, :], rotated[None, :])
-        q = q.to(q_ptr.dtype.element_ty)
-    else:
-        q = tl.load(q_rows + idim[None, :], mask=qm)
+    q = tl.load(q_rows + idim[None, :], mask=gm[:, None] & dm[None, :])
     q = q.to(k_ptr.dtype.element_ty)  # (G_PAD, D_PAD)
     if DOT_F32:
         q = q.to(tl.float32)
@@ -268,24 +235,6 @@ def _attend(q, k, v, tm, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr, DOT_F
 
 
 @triton.jit
-def _write_new_kv(
-    k_new_ptr, v_new_ptr, k_ptr, v_ptr, slot_mapping_ptr, b, kvh, idim, dm, partner, sign, cos, sin, rotated,
-    stride_knb, stride_knh, stride_vnb, stride_vnh, stride_ks, stride_kh, stride_vs, stride_vh,
-):  # fmt: skip
-    """Sequence b's new K (rotated, rounded to k's dtype then the cache's, as `rotary_kv_write`
-    rounds it) and V for KV head kvh at its slot; a negative slot (padding) writes nothing."""
-    slot = tl.load(slot_mapping_ptr + b).to(tl.int64)
-    if slot >= 0:
-        k_row = k_new_ptr + b * stride_knb + kvh * stride_knh
-        x = tl.load(k_row + idim, mask=dm).to(tl.float32)
-        xp = tl.load(k_row + partner, mask=dm).to(tl.float32)
-        k = rope_rotate(x, xp, sign, cos, sin, rotated).to(k_new_ptr.dtype.element_ty)
-        tl.store(k_ptr + slot * stride_ks + kvh * stride_kh + idim, k.to(k_ptr.dtype.element_ty), mask=dm)
-        v = tl.load(v_new_ptr + b * stride_vnb + kvh * stride_vnh + idim, mask=dm)
-        tl.store(v_ptr + slot * stride_vs + kvh * stride_vh + idim, v.to(v_ptr.dtype.element_ty), mask=dm)
-
-
-@triton.jit
 def _store_output(out_ptrs, acc, l_i, mask):
     """acc / l_i, the attention output of a whole context. l_i is 0 only for an empty context:
     zeros are written then instead of 0/0."""
@@ -345,7 +294,6 @@ def paged_decode_attention(
     max_context_len: int | None = None,
     min_split_len: int = 1,
     out: torch.Tensor | None = None,
-    new_kv: NewKV | None = None,
     max_splits: int = 64,
     programs_per_sm: int = 2,
     split_len: int = MIN_SPLIT_LEN,
@@ -368,12 +316,6 @@ def paged_decode_attention(
     device each sequence uses at most cdiv(its positions, max(`min_split_len`, block_t)) of them (1, the
     default: one a tile, which partitions the context as all of them would; MIN_SPLIT_LEN: about what
     `choose_num_splits` would give the context itself).
-
-    `new_kv`: q comes unrotated and the new token's K/V are not yet in the cache; the kernel does
-    `rotary_kv_write`'s work (one launch fewer): each split rotates q as that kernel would, and the
-    one holding position context_len - 1 first writes that position's rotated K and V at
-    `new_kv.slot_mapping`, which must be the slot the block table gives it. The same bits as
-    `rotary_kv_write` then this function (q's rotation is not written back).
 
     `block_t` (positions a loop step), `num_warps`, `num_stages` (the split kernel's software
     pipelining depth; None: Triton's default) and `merge_warps` (the merge kernel's; None:
@@ -427,12 +369,6 @@ def paged_decode_attention(
     # at least a tile a split, a short context in a graph captured for long ones runs only its filled
     # splits and merges only their partials. The same chunks and the same bits as counting every split.
     min_split_len = max(min_split_len, block_t)
-    rope = {}
-    if new_kv is not None:
-        new_kv.check(q, k_cache, v_cache)
-        if new_kv.k.stride(2) != 1 or new_kv.v.stride(2) != 1:
-            raise ValueError("new_kv's k and v need a contiguous last dim")
-        rope = dict(ROPE=True, ROPE_DIM=new_kv.rope_dim, INTERLEAVED=new_kv.layout == "interleaved")
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
@@ -463,21 +399,18 @@ def paged_decode_attention(
         part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(batch, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
-    nk = new_kv or NewKV(q, q, context_lens, context_lens, q, 0, "neox")  # placeholders: never read
     s_pad = triton.next_power_of_2(num_splits)
     # The merge in the split kernel is unrolled over the splits: only up to MERGE_IN_SPLIT_MAX of them.
     merge_in_split = 1 < num_splits <= MERGE_IN_SPLIT_MAX and env.attention_merge() == "split"
     locks = split_locks(q.device, batch * num_kv_heads) if merge_in_split else context_lens  # unread without
     _split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc, locks,
-        nk.k, nk.v, nk.positions, nk.inv_freq, nk.slot_mapping, float(nk.scale),
         scale * _LOG2E, window or 0, block_size, num_splits, min_split_len,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        nk.k.stride(0), nk.k.stride(1), nk.v.stride(0), nk.v.stride(1),
         NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
         ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
-        PREFETCH_KV=env.attention_prefetch(), MERGE_S_PAD=s_pad if merge_in_split else 0, **rope,
+        PREFETCH_KV=env.attention_prefetch(), MERGE_S_PAD=s_pad if merge_in_split else 0,
         num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),
         **launch_args(q.device),

@@ -137,8 +137,7 @@ def _check(
 @dataclass(frozen=True)
 class NewKV:
     """A step's new K and V (one row per token, not yet rotated) and how to rotate and place them:
-    `rotary_kv_write`'s inputs other than q and the caches, for kernels that do its work themselves
-    (`paged_attention.paged_decode_attention`)."""
+    `rotary_kv_write`'s inputs other than q and the caches, checked together (`check`)."""
 
     k: torch.Tensor  # (tokens, kv_heads, head_dim)
     v: torch.Tensor  # (tokens, kv_heads, head_dim)

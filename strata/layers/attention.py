@@ -14,15 +14,13 @@ from strata.layers.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
     from strata.kernels.kv_in_matvec import KVWrite
-    from strata.kernels.rotary_kv import NewKV
     from strata.layers.linear import Projections, QuantLinear
 
 
 class Attention(nn.Module):
     """Rotates q and k, writes this step's K/V at their slots, then attends each sequence over its
     context's slots. On the kernel path rotation and the K/V write are one kernel, or, on decode steps,
-    done by the q, k, v projections' matvecs (`kv_write`, STRATA_ROPE_IN_MATVEC=1) or by the attention
-    kernel itself (STRATA_ROPE_IN_ATTENTION=1)."""
+    done by the q, k, v projections' matvecs (`kv_write`, STRATA_ROPE_IN_MATVEC=1)."""
 
     def __init__(
         self,
@@ -56,9 +54,9 @@ class Attention(nn.Module):
     ) -> KVWrite | None:
         """The K/V write for `projections` (q, k, v of x) to make in their matvecs' stores on this step
         (then `forward(..., written=True)`), or None: a decode step on the kernel path under
-        STRATA_ROPE_IN_MATVEC=1 (not STRATA_ROPE_IN_ATTENTION), the whole head rotated, every part's
-        matvec able to (`Projections.writes_kv`)."""
-        if not (self.fused and meta.paged is not None and env.rope_in_matvec()) or env.rope_in_attention():
+        STRATA_ROPE_IN_MATVEC=1, the whole head rotated, every part's matvec able to
+        (`Projections.writes_kv`)."""
+        if not (self.fused and meta.paged is not None and env.rope_in_matvec()):
             return None
         r = self.rotary
         k_cache, v_cache = kv.layer(self.layer)
@@ -86,12 +84,9 @@ class Attention(nn.Module):
             assert meta.paged is not None
             return self._paged_decode(q, kv, meta.paged)
         if self.fused:
-            from strata.kernels.rotary_kv import NewKV, rotary_kv_write  # needs triton
+            from strata.kernels.rotary_kv import rotary_kv_write  # needs triton
 
             r = self.rotary
-            if meta.paged is not None and env.rope_in_attention():
-                new_kv = NewKV(k, v, meta.positions, meta.slot_mapping, r.inv_freq, r.dim, r.layout, r.scale)
-                return self._paged_decode(q, kv, meta.paged, new_kv)
             k_cache, v_cache = kv.layer(self.layer)
             rotary_kv_write(
                 q, k, v, meta.positions, r.inv_freq, k_cache, v_cache, meta.slot_mapping,
@@ -118,10 +113,7 @@ class Attention(nn.Module):
             outs.append(out.transpose(0, 1))
         return torch.cat(outs).flatten(1)  # (num_tokens, num_heads * head_dim)
 
-    def _paged_decode(
-        self, q: torch.Tensor, kv: KVCache, paged: PagedDecode, new_kv: NewKV | None = None
-    ) -> torch.Tensor:
-        """new_kv: q and this step's K/V come unrotated, K/V not yet written (the kernel does both)."""
+    def _paged_decode(self, q: torch.Tensor, kv: KVCache, paged: PagedDecode) -> torch.Tensor:
         from strata.kernels.paged_attention import paged_decode_attention  # needs triton
 
         k_cache, v_cache = kv.layer(self.layer)
@@ -131,7 +123,7 @@ class Attention(nn.Module):
             q, k_cache, v_cache, paged.block_tables, paged.context_lens,
             block_size=paged.block_size, scale=self.scale, window=self.window,
             num_splits=paged.num_splits, max_context_len=paged.max_context_len,
-            min_split_len=split_len if env.live_splits() else 1, new_kv=new_kv,
+            min_split_len=split_len if env.live_splits() else 1,
             max_splits=paged.max_splits or max_splits, programs_per_sm=programs_per_sm, split_len=split_len,
             block_t=paged.block_t or block_t or None, num_warps=warps, merge_warps=env.merge_warps() or None,
             num_stages=paged.num_stages or stages or None,
