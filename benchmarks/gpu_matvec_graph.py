@@ -130,7 +130,6 @@ def configs(
                 preload,
                 replace(preload, matched_loads=True),
             ]
-            extra += [replace(preload, matched_loads=True, row_tiles=2)] if qtype == T.Q5_0 else []
         if int8_only:
             return extra
         return [
@@ -193,10 +192,6 @@ def configs(
                 if -(-k // 32 // split) <= bk // 32:  # one step a program: its weights before the wait
                     out.append(MatvecConfig(bn, bk, split, warps, preload=True))
                     out.append(MatvecConfig(bn, bk, split, warps, matched_loads=True, preload=True))
-                    if qtype == T.Q5_0 and split == 1 and -(-n // bn) >= 512:  # tall: tiles a program
-                        for tiles in (2, 3, 4):
-                            out.append(MatvecConfig(bn, bk, 1, warps, matched_loads=True, preload=True,
-                                                    row_tiles=tiles))  # fmt: skip
     if tensor_core:
         for swap, bn, bk in itertools.product((False, True), (16, 32, 64), (128, 256)):
             out.append(MatmulConfig(16, bn, bk, num_warps=4, num_stages=3, swap_ab=swap))
@@ -309,7 +304,6 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
         key += (" flat" if cfg.flat_acc else "") + (" x_per_row" if cfg.x_per_row else "")
         key += " matched" if cfg.matched_loads else ""
         key += " preload" if cfg.preload else ""
-        key += f" row_tiles {cfg.row_tiles}" if cfg.row_tiles > 1 else ""
         key += " lane_blocks" if cfg.lane_blocks else ""
         key += " prefetch" if cfg.prefetch else ""
         key += f" maxnreg {cfg.max_registers}" if cfg.max_registers else ""

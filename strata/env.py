@@ -193,16 +193,6 @@ def x_per_row() -> bool:
     return _level("STRATA_X_PER_ROW", "0", ("0", "1")) == "1"
 
 
-def matvec_row_tiles() -> int:
-    """STRATA_MATVEC_ROW_TILES (opt-in, measured slower; default 1, at most 8): on the GPU kernel path, the
-    row tiles a program of Q5_0's preloaded matched matvec computes (`MatvecConfig.row_tiles`), on
-    weights of at least 512 tiles (the 0.5B's gate+up: 1,216 tiles of 8 rows, which Nsight Compute ran
-    in 2.3 waves at 41 % occupancy and 20 % of the DRAM bandwidth, H100). The next tile's weights are
-    loaded before the current tile is multiplied. The same bits. Measured (H100, 2026-12-07, the 0.5B's
-    decode of one sequence): 2 tiles 0.980x (arms swapped 0.995x), 3 0.896x, 4 0.895x."""
-    return _integer("STRATA_MATVEC_ROW_TILES", 1, 1, 8)
-
-
 def int8_lane_blocks() -> bool:
     """STRATA_INT8_LANE_BLOCKS=1 (opt-in until timed): on the GPU kernel path, the int8-x Q8_0 and Q5_0
     matvecs for one to four rows of x put a whole block in a lane instead of half of one

@@ -42,7 +42,6 @@ def test_switch(monkeypatch, name: str, read: Callable[[], bool], default: bool)
 
 INTEGERS: list[tuple[str, Callable[[], int], int, int, int]] = [
     ("STRATA_MERGE_WARPS", env.merge_warps, 0, 0, 16),
-    ("STRATA_MATVEC_ROW_TILES", env.matvec_row_tiles, 1, 1, 8),
     ("STRATA_Q6K_HALVES", env.q6k_halves, 0, 0, 64),
 ]
 

@@ -45,7 +45,6 @@ ENV_OPTIONS = {
     "attention_merge": "STRATA_ATTENTION_MERGE",
     "merge_warps": "STRATA_MERGE_WARPS",
     "rows_preload": "STRATA_ROWS_PRELOAD",
-    "matvec_row_tiles": "STRATA_MATVEC_ROW_TILES",
     "q6k_halves": "STRATA_Q6K_HALVES",
     "int8_lane_blocks": "STRATA_INT8_LANE_BLOCKS",
     "split_one_step": "STRATA_SPLIT_ONE_STEP",

@@ -92,7 +92,6 @@ def q5_0_matvec_kernel(
     MATCHED: tl.constexpr = False,
     norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
-    ROW_TILES: tl.constexpr = 1,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
@@ -100,13 +99,9 @@ def q5_0_matvec_kernel(
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step. MATCHED (M = 1):
     `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD, PRELOAD and the
-    K/V write: as Q8_0's. ROW_TILES (PRELOAD and MATCHED, one split; not with the K/V write): a
-    program computes that many consecutive row tiles, each tile's weights loaded before the one before
-    it is multiplied (the first's before the wait); each tile's operations are those of a program of
-    one tile, so the same bits."""
+    K/V write: as Q8_0's."""
     NB: tl.constexpr = BLOCK_K // 32
-    tl.static_assert(ROW_TILES == 1 or HEAD_DIM == 0, "the K/V write takes one row tile a program")
-    rows = kv_tile_rows(tl.program_id(0) * ROW_TILES, BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
+    rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
     kv = (kv_pos_ptr, kv_slot_ptr, kv_freq_ptr, k_cache_ptr, v_cache_ptr, rope_scale, stride_cache)
     if HEAD_DIM > 0:  # (a constant's branch: kv's pointers are None without the K/V write)
@@ -125,16 +120,6 @@ def q5_0_matvec_kernel(
         await_inputs(PDL)
     norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
     if PRELOAD and MATCHED:
-        for _ in tl.static_range(ROW_TILES - 1):  # all but the last tile, which the store below takes
-            rows_next = rows + BLOCK_N
-            next_w = q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, tl.minimum(rows_next, N - 1), lo, hi,
-                                        stride_qs, stride_qh, stride_d, NB)  # fmt: skip
-            acc = q5_0_chunk_dot(tl.zeros((BLOCK_N, NB, 2), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi,
-                                 BLOCK_N, NB, *norm, NORMED)  # fmt: skip
-            store_rows(y_ptr, out_ptr, lock_ptr, tl.sum(tl.sum(acc, 2), 1)[None, :], rows, N, stride_ys,
-                       stride_ym, M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
-            w_lo, w_hi, d = next_w
-            rows = rows_next
         acc = q5_0_chunk_dot(tl.zeros((BLOCK_N, NB, 2), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi,
                              BLOCK_N, NB, *norm, NORMED)  # fmt: skip
         acc = tl.sum(tl.sum(acc, 2), 1)[None, :]

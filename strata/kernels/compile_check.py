@@ -120,10 +120,6 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 out.append(
                     (f"{kernel.__name__} {name} pdl preload matched 8x1024 normed", kernel, full, norm)
                 )
-                if kernel is q5_0_matvec_kernel and split == 1:  # MatvecConfig.row_tiles
-                    tiles = dict(full, ROW_TILES=3)
-                    out.append((f"{kernel.__name__} {name} pdl preload matched 8x1024 row_tiles=3", kernel,
-                                tiles, norm))  # fmt: skip
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
@@ -411,9 +407,7 @@ def main() -> int:
             kernel = compile_variant(fn, constexprs, pointers)
             check_pdl(kernel.asm["ptx"], constexprs.get("PDL", 0), preloads(constexprs))
             converts, bars = converts_in_loops(kernel.asm["ttgir"]), barriers_in_loops(kernel.asm["cubin"])
-            # (Row tiles after a program's first decode theirs after the wait, as they should.)
-            preloaded = constexprs.get("PRELOAD") and constexprs.get("ROW_TILES", 1) == 1
-            if preloaded and name.startswith(("q8_0_matvec_kernel", "q5_0_matvec_kernel")):
+            if constexprs.get("PRELOAD") and name.startswith(("q8_0_matvec_kernel", "q5_0_matvec_kernel")):
                 late = decodes_after_wait(kernel.asm["cubin"])
                 if late:
                     raise AssertionError(f"PRELOAD but {late} weight decodes after the wait")

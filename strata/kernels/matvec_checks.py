@@ -59,13 +59,6 @@ def check_flags(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: i
         )
     if cfg.preload:
         _check_preload(cfg, packed, int8_x, m)
-    tiles_ok = qtype == _T.Q5_0 and cfg.preload and cfg.matched_loads and cfg.split_k == 1
-    if cfg.row_tiles > 1 and not tiles_ok:
-        raise ValueError(
-            f"MatvecConfig.row_tiles={cfg.row_tiles} is implemented in Q5_0's preloaded matched step "
-            f"(preload, matched_loads, split_k 1), not {qtype.name} with preload={cfg.preload}, "
-            f"matched_loads={cfg.matched_loads}, split_k={cfg.split_k}: leave it at 1 there"
-        )
 
 
 def _check_preload(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: int) -> None:

@@ -1,8 +1,7 @@
 """The tile a one-row decode matvec runs when its caller names none, beyond `default_config`'s:
 STRATA_MATVEC_PRELOAD's one-step tiles whose weights are loaded before the PDL wait
-(`MatvecConfig.preload`, with `matched_loads` by default), with STRATA_MATVEC_ROW_TILES's row tiles
-a program on tall Q5_0 weights, STRATA_SPLIT_ONE_STEP's one preloaded step a split on short int8
-weights."""
+(`MatvecConfig.preload`, with `matched_loads` by default), and STRATA_SPLIT_ONE_STEP's one
+preloaded step a split on short int8 weights."""
 
 from __future__ import annotations
 
@@ -20,9 +19,6 @@ if TYPE_CHECKING:
     from strata.kernels.quant_pack import PackedQuantWeight
 
 _T = GGMLQuantizationType
-# STRATA_MATVEC_ROW_TILES applies to weights of this many row tiles and more: about four programs an
-# SM (the 0.5B's gate+up has 1,216, its q+k+v 144).
-ROW_TILES_FROM = 512
 # STRATA_MATVEC_ONE_STEP: the K (exclusive, inclusive) whose Q4_K planar int8 matvec takes one step of
 # the upper bound, two at the default tile's 2,048 (the 7B's 3,584).
 ONE_STEP_K = (2048, 4096)
@@ -73,11 +69,9 @@ def preload_tile(
         return cfg
     # 8 warps: the measured best at K = 896 (8 x 1,024); at 8 x 2,048 a thread of 4 warps would hold
     # 128 decoded weights (168 registers in the sm_90 build of Q5_0's, 105 at 8 warps).
-    tall = matched and w.qtype == _T.Q5_0 and triton.cdiv(w.n, cfg.block_n) >= ROW_TILES_FROM
     return replace(
-        cfg, block_k=block_k, split_k=1, num_warps=8, preload=True, matched_loads=matched, flat_acc=False,
-        row_tiles=env.matvec_row_tiles() if tall else 1,
-    )  # fmt: skip
+        cfg, block_k=block_k, split_k=1, num_warps=8, preload=True, matched_loads=matched, flat_acc=False
+    )
 
 
 def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
@@ -107,7 +101,7 @@ def int8_legacy_tile(cfg: MatvecConfig, w: PackedQuantWeight) -> MatvecConfig:
         )  # fmt: skip
     return replace(
         cfg, block_n=8, block_k=triton.next_power_of_2(w.k), split_k=1, num_warps=4 if w.n >= 65536 else 8,
-        preload=True, matched_loads=True, flat_acc=False, row_tiles=1, lane_blocks=lanes,
+        preload=True, matched_loads=True, flat_acc=False, lane_blocks=lanes,
     )  # fmt: skip
 
 

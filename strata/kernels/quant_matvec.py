@@ -8,7 +8,7 @@ dtype; every product is accumulated in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -93,14 +93,11 @@ class MatvecConfig:
     the wait. The same sums as the loop without it, bit for bit. With `matched_loads` the Q8_0 and
     Q5_0 kernels preload the matched loop's step (the matched loop's sums), so x's load after the
     wait needs no layout conversion: the default for one row (`env_tile`, STRATA_MATVEC_PRELOAD,
-    measured 1.147x on the 0.5B's decode); the int8 preload lost (0.960x on the 1.5B). `row_tiles`
-    (Q5_0's preloaded matched step, one split) gives a program that many row tiles, the next tile's
-    weights loaded before the current is multiplied: fewer programs than one a tile (the 0.5B's
-    gate+up: 2.3 waves of 1,216 in Nsight Compute), the same bits (STRATA_MATVEC_ROW_TILES; opt-in,
-    0.90-0.98x on the 0.5B's decode). `lane_blocks` (the int8-x Q8_0 and Q5_0 kernels, 1-4 rows of x)
-    puts a whole block in one lane instead of a half block (`_matvec_legacy_int8_blocks`): its loads
-    once, no shared memory in the sum at 8 rows, an accumulator a row of x with no barrier at 2-4;
-    the same products in another order (STRATA_INT8_LANE_BLOCKS; opt-in until timed)."""
+    measured 1.147x on the 0.5B's decode); the int8 preload lost (0.960x on the 1.5B).
+    `lane_blocks` (the int8-x Q8_0 and Q5_0 kernels, 1-4 rows of x) puts a whole block in one lane
+    instead of a half block (`_matvec_legacy_int8_blocks`): its loads once, no shared memory in the
+    sum at 8 rows, an accumulator a row of x with no barrier at 2-4; the same products in another
+    order (STRATA_INT8_LANE_BLOCKS; opt-in until timed)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -116,7 +113,6 @@ class MatvecConfig:
     max_registers: int | None = None
     paired_dm: bool = False
     preload: bool = False
-    row_tiles: int = 1
     lane_blocks: bool = False
 
     def __post_init__(self) -> None:
@@ -124,8 +120,8 @@ class MatvecConfig:
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"MatvecConfig.{name} must be a power of two, got {value}")
-        if self.split_k < 1 or self.row_tiles < 1:
-            raise ValueError(f"MatvecConfig.split_k and row_tiles must be >= 1, got {self}")
+        if self.split_k < 1:
+            raise ValueError(f"MatvecConfig.split_k must be >= 1, got {self}")
         if self.max_registers is not None and not 24 <= self.max_registers <= 255:
             raise ValueError(
                 f"MatvecConfig.max_registers must be from 24 to 255 (a thread's), got {self.max_registers}"
@@ -325,7 +321,6 @@ def quant_matvec(
                 f"no K/V write in the matvec of {qtype.name} ({packed.layout}, int8 x {int8_x}) or with "
                 "accumulate: leave kv out and write with rotary_kv_write (see writes_kv)"
             )
-        cfg = replace(cfg, row_tiles=1)
         tile = packed.rows_group if path == "rows" else cfg.block_n
         kv_args = kv.kernel_args(out, tile, v_only=path == "rows")
     flat_q5_0 = qtype == _T.Q5_0 and not int8_x
@@ -346,9 +341,7 @@ def quant_matvec(
         extra["MATCHED"] = True
     if cfg.preload:
         extra["PRELOAD"] = True
-    if cfg.row_tiles > 1:
-        extra["ROW_TILES"] = cfg.row_tiles
-    grid = (triton.cdiv(n, cfg.block_n * cfg.row_tiles), cfg.split_k)
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     # Split-K partials go to an fp32 workspace (rows as far apart as out's) that the last split of each
     # row tile sums in split order: deterministic, unlike atomic adds, and no launch of its own.
     ws = (
