@@ -118,7 +118,7 @@ def configs(
         if layout == "planar" and m == 1:
             flat = replace(int8, flat_acc=True)
             scalar = replace(flat, scalar_scales=True)
-            extra += [flat, scalar, replace(scalar, x_per_row=True), replace(scalar, paired_dm=True)]
+            extra += [flat, scalar, replace(scalar, paired_dm=True)]
             extra.append(replace(scalar, preload=True))
         extra += [int8] if qtype in (T.Q6_K, T.Q8_0, T.Q5_0) else []
         extra += [replace(int8, preload=True)] if qtype == T.Q6_K else []
@@ -170,7 +170,6 @@ def configs(
             if m == 1 and planar and int8:  # and the scales (and x) loaded in the words' layout
                 flat = MatvecConfig(bn, bk, split, warps, prefetch, int8, at_once, flat_acc=True)
                 out.append(replace(flat, scalar_scales=True))
-                out.append(replace(flat, scalar_scales=True, x_per_row=True))
                 if bk >= 1024:  # the long steps (the default's): next weights in flight, registers capped,
                     # d and dmin in one load
                     scalar = replace(flat, scalar_scales=True)
@@ -301,7 +300,7 @@ def load_layouts(timed: list[tuple[Config, float]], default: Config) -> str:
         if cfg.rows_at_once or (cfg.prefetch and not cfg.int8_x):
             continue
         key = ("int8 " if cfg.int8_x else "fp32 ") + ("scalar" if cfg.scalar_scales else "vector")
-        key += (" flat" if cfg.flat_acc else "") + (" x_per_row" if cfg.x_per_row else "")
+        key += " flat" if cfg.flat_acc else ""
         key += " matched" if cfg.matched_loads else ""
         key += " preload" if cfg.preload else ""
         key += " lane_blocks" if cfg.lane_blocks else ""

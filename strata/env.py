@@ -173,26 +173,6 @@ def matvec_preload() -> str:
     return _level("STRATA_MATVEC_PRELOAD", "matched", ("0", "1", "matched"))
 
 
-def matvec_one_step() -> int:
-    """STRATA_MATVEC_ONE_STEP (opt-in, measured slower; 0: off, else the warps, 4 or 8): on the GPU kernel
-    path, Q4_K's planar int8 matvec of one row with K of 2,049-4,096 (the 7B's q+k+v and o, K =
-    3,584: two 2,048-element steps at the default tile) takes all of K in one 8 x 4,096 step, its
-    weights loaded before the PDL wait (`MatvecConfig.preload`), so that the weights' read overlaps
-    the kernel before; another fp32 order than the default's two steps. Measured (H100, 2026-12-07,
-    the 7B's decode of one sequence against the default): 8 warps 0.948x, 4 warps 0.951x."""
-    return int(_level("STRATA_MATVEC_ONE_STEP", "0", ("0", "4", "8")))
-
-
-def x_per_row() -> bool:
-    """STRATA_X_PER_ROW=1 (opt-in): on the GPU kernel path, Q4_K's int8 matvec at its
-    default tile for one row (8 x 2,048 on weights of 2,048-65,535 rows: the 7B's and the 1.5B's)
-    loads x's words in the words' layout, once for each row a thread holds, instead of once and
-    converted (`MatvecConfig.x_per_row`): the same sums. In the sm_90 build of that tile, 3 barriers
-    after the PDL wait instead of 8, 299 instructions instead of 325. Measured slower (H100,
-    2026-12-07, decode of one sequence): the 7B 0.927x, the 1.5B 0.986x."""
-    return _level("STRATA_X_PER_ROW", "0", ("0", "1")) == "1"
-
-
 def int8_lane_blocks() -> bool:
     """STRATA_INT8_LANE_BLOCKS=1 (opt-in until timed): on the GPU kernel path, the int8-x Q8_0 and Q5_0
     matvecs for one to four rows of x put a whole block in a lane instead of half of one

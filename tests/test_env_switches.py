@@ -19,7 +19,6 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_DENSE_STACK", env.dense_stack, True),
     ("STRATA_NORM_IN_MATVEC", env.norm_in_matvec, False),
     ("STRATA_WIDEN_TO_STACK", env.widen_to_stack, False),
-    ("STRATA_X_PER_ROW", env.x_per_row, False),
     ("STRATA_ROWS_PRELOAD", env.rows_preload, False),
     ("STRATA_INT8_LANE_BLOCKS", env.int8_lane_blocks, False),
     ("STRATA_SPLIT_ONE_STEP", env.split_one_step, False),

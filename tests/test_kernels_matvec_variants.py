@@ -1,4 +1,4 @@
-"""The matvec loop's variants (MatvecConfig's rows_at_once, flat_acc, scalar_scales, x_per_row,
+"""The matvec loop's variants (MatvecConfig's rows_at_once, flat_acc, scalar_scales,
 prefetch with int8 x, max_registers, matched_loads): each against the kernel it varies (the same
 sums, bit for bit in the interpreter) or against the reference within `check`'s tolerance where it
 sums in another order, and the configs each one refuses. The kernels against the reference are in
@@ -89,9 +89,7 @@ def test_int8_flat_accumulator_gives_the_same_sums(n: int, k: int, split_k: int)
     [(1, 21, 3 * 256, 256, 1), (1, 37, 5 * 256, 256, 2), (1, 21, 3 * 256, 512, 1), (1, 19, 5 * 256, 256, 3),
      (2, 19, 3 * 256, 512, 1), (3, 19, 2 * 256, 256, 1)],
 )  # fmt: skip
-@pytest.mark.parametrize(
-    "layouts", [{"scalar_scales": True}, {"x_per_row": True}, {"scalar_scales": True, "x_per_row": True}]
-)
+@pytest.mark.parametrize("layouts", [{"scalar_scales": True}])
 def test_int8_load_layouts_give_the_same_sums(
     layouts: dict[str, bool], m: int, n: int, k: int, block_k: int, split_k: int
 ):
@@ -104,18 +102,13 @@ def test_int8_load_layouts_give_the_same_sums(
     assert_same_sums(x, packed, T.Q4_K, base, replace(base, **layouts))
     with pytest.raises(ValueError, match="is implemented in Q4_K's"):
         quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, int8_x=False, **layouts))
-    if m > 1 and "x_per_row" in layouts:
-        with pytest.raises(
-            ValueError, match="x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once"
-        ):
-            quant_matvec(x, packed, T.Q4_K, n, k, config=replace(base, rows_at_once=True, **layouts))
 
 
 @pytest.mark.parametrize(
     "m,n,k,split_k,loop",
     # Five steps (and a last one of them masked off by the split), one step, and two rows.
     [(1, 21, 5 * 256, 1, {"flat_acc": True, "scalar_scales": True}), (1, 37, 5 * 256, 2, {"flat_acc": True}),
-     (1, 19, 256, 1, {"flat_acc": True, "x_per_row": True}), (2, 19, 3 * 256, 1, {}),
+     (1, 19, 256, 1, {"flat_acc": True, "scalar_scales": True}), (2, 19, 3 * 256, 1, {}),
      (3, 19, 3 * 256, 2, {"rows_at_once": True})],
 )  # fmt: skip
 def test_int8_prefetch_gives_the_same_sums(m: int, n: int, k: int, split_k: int, loop: dict[str, bool]):
@@ -232,15 +225,3 @@ def test_paired_dm_needs_the_planar_layout():
         quant_matvec(
             torch.randn(1, 256, device=DEVICE), raw, T.Q6_K, 4, 256, config=MatvecConfig(paired_dm=True)
         )
-
-
-def test_x_per_row_switch_reaches_the_default_tile(monkeypatch):
-    # STRATA_X_PER_ROW=1: Q4_K's int8 tile for one row (weights of 2,048-65,535 rows) loads x per row
-    # (its bits are the plain tile's: test_int8_load_layouts_give_the_same_sums); other tiles are left
-    # alone.
-    monkeypatch.delenv("STRATA_X_PER_ROW", raising=False)
-    assert not default_config(T.Q4_K, 1, 4096, 3584, planar_int8=True).x_per_row
-    monkeypatch.setenv("STRATA_X_PER_ROW", "1")
-    assert default_config(T.Q4_K, 1, 4096, 3584, planar_int8=True).x_per_row
-    assert not default_config(T.Q4_K, 1, 896, 4864, planar_int8=True).x_per_row  # the 0.5B's down
-    assert not default_config(T.Q4_K, 4, 4096, 3584, planar_int8=True).x_per_row

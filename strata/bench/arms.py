@@ -37,8 +37,6 @@ ENV_OPTIONS = {
     "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
     "widen_to_stack": "STRATA_WIDEN_TO_STACK",
     "matvec_preload": "STRATA_MATVEC_PRELOAD",
-    "x_per_row": "STRATA_X_PER_ROW",
-    "matvec_one_step": "STRATA_MATVEC_ONE_STEP",
     "quant_in_merge": "STRATA_QUANT_IN_MERGE",
     "rope_in_matvec": "STRATA_ROPE_IN_MATVEC",
     "attention_prefetch": "STRATA_ATTENTION_PREFETCH",

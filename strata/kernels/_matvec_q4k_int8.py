@@ -32,7 +32,6 @@ def q4_k_int8_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr, ROWS_AT_ONCE: tl.constexpr,
     FLAT_ACC: tl.constexpr = False,
     SCALAR_SCALES: tl.constexpr = False,
-    X_PER_ROW: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
     PAIRED_DM: tl.constexpr = False,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
@@ -44,7 +43,6 @@ def q4_k_int8_matvec_kernel(
     """FLAT_ACC (M = 1): a (BLOCK_N, NS) accumulator in the layout of the step's products, where the
     (1, BLOCK_N, NS) one is converted (through shared memory) on every step; the same sums.
     SCALAR_SCALES: the scales loaded in the words' thread layout (`_loads`' SCALAR); the same sums.
-    X_PER_ROW (one row at a time): x's words loaded in the words' layout (`_row_part`); the same sums.
     PREFETCH: each step's weight loads go out before the step before it computes (two steps of
     weights in flight per thread instead of one; Triton pipelines no load of a loop without a dot):
     the same sums. PAIRED_DM: d and dmin from one 32-bit load (`_loads`); the same sums. ROWS: the
@@ -79,8 +77,8 @@ def q4_k_int8_matvec_kernel(
             w_n, sc_n, mn_n, d_n, dmin_n = _loads(
                 qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, SCALAR_SCALES, PAIRED_DM, ROWS
             )
-            acc = _step(acc, x, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
-                        X_PER_ROW)  # fmt: skip
+            acc = _step(acc, x, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC,
+                        ROWS_AT_ONCE)  # fmt: skip
             words, sc, mn, d, dmin = w_n, sc_n, mn_n, d_n, dmin_n
     else:
         for s0 in range(lo, hi, NS):
@@ -99,8 +97,8 @@ def q4_k_int8_matvec_kernel(
                 PAIRED_DM=PAIRED_DM,
                 ROWS=ROWS,
             )  # words (BLOCK_N, NS, 4)
-            acc = _step(acc, x, s, sv, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC, ROWS_AT_ONCE,
-                        X_PER_ROW)  # fmt: skip
+            acc = _step(acc, x, s, sv, words, sc, mn, d, dmin, M, M_PAD, USE_ASM, FLAT_ACC,
+                        ROWS_AT_ONCE)  # fmt: skip
     acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
                SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
@@ -108,7 +106,7 @@ def q4_k_int8_matvec_kernel(
 
 @triton.jit
 def _step(acc, x, s, sv, words, sc, mn, d, dmin, M: tl.constexpr, M_PAD: tl.constexpr, USE_ASM: tl.constexpr,
-          FLAT_ACC: tl.constexpr, ROWS_AT_ONCE: tl.constexpr, X_PER_ROW: tl.constexpr):  # fmt: skip
+          FLAT_ACC: tl.constexpr, ROWS_AT_ONCE: tl.constexpr):  # fmt: skip
     """acc plus one step's products of the words (BLOCK_N, NS, 4) of sub-blocks s with x, scaled;
     x is (xq_ptr, xd_ptr, xs_ptr, n_sub)."""
     xq_ptr, xd_ptr, xs_ptr, n_sub = x
@@ -117,46 +115,38 @@ def _step(acc, x, s, sv, words, sc, mn, d, dmin, M: tl.constexpr, M_PAD: tl.cons
     d_sc = d.to(tl.float32) * exact_float(sc.to(tl.int32), 0)
     d_mn = dmin.to(tl.float32) * exact_float(mn.to(tl.int32), 0)
     if FLAT_ACC:
-        acc += _row_part(xq_ptr, xd_ptr, xs_ptr, 0, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM, X_PER_ROW)
+        acc += _row_part(xq_ptr, xd_ptr, xs_ptr, 0, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM)
     elif ROWS_AT_ONCE:
         acc += _all_rows(xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD, USE_ASM)
     else:
         acc = _row_by_row(acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M, M_PAD,
-                          USE_ASM, X_PER_ROW)  # fmt: skip
+                          USE_ASM)  # fmt: skip
     return acc
 
 
 @triton.jit
 def _row_by_row(acc, xq_ptr, xd_ptr, xs_ptr, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, M: tl.constexpr,
-                M_PAD: tl.constexpr, USE_ASM: tl.constexpr, X_PER_ROW: tl.constexpr):  # fmt: skip
+                M_PAD: tl.constexpr, USE_ASM: tl.constexpr):  # fmt: skip
     """acc (M_PAD, BLOCK_N, NS) += each row's products with the step's words, one row after another
     (each added through a select over the whole accumulator: work grows as M squared)."""
     for m in tl.static_range(M):
-        part = _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM, X_PER_ROW)
+        part = _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM)
         acc = add_to_row3(acc, part, m, M_PAD)
     return acc
 
 
 @triton.jit
-def _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM: tl.constexpr,
-              X_PER_ROW: tl.constexpr = False):  # fmt: skip
+def _row_part(xq_ptr, xd_ptr, xs_ptr, m, s, sv, n_sub, w_lo, w_hi, d_sc, d_mn, USE_ASM: tl.constexpr):
     """Row m's (BLOCK_N, NS) products with the step's words, per sub-block, scaled.
 
     x's (NS, 4) words are loaded once and broadcast over the rows, which moves them into the words'
-    layout through shared memory (with barriers) at tiles where a thread holds several sub-blocks;
-    X_PER_ROW loads them with the words' own (BLOCK_N, NS, 4) shape instead, once for each row a
-    thread holds (more L1 loads, no conversion)."""
+    layout through shared memory (with barriers) at tiles where a thread holds several sub-blocks.
+    (Loading them in the words' own layout, once for each row a thread holds, took the barriers out
+    but ran slower: STRATA_X_PER_ROW, the 7B 0.927x on an H100; removed.)"""
     ir = tl.arange(0, 4)
-    if X_PER_ROW:
-        xq_at = (
-            xq_ptr + m * n_sub * 8 + s[None, :, None] * 8 + ir[None, None, :] + tl.zeros(w_lo.shape, tl.int32)
-        )
-        x_lo = tl.load(xq_at, mask=sv[None, :, None], other=0)
-        x_hi = tl.load(xq_at + 4, mask=sv[None, :, None], other=0)
-    else:
-        xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
-        x_lo = tl.broadcast_to(tl.load(xq_at, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)  # (NS, 4)
-        x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)
+    xq_at = xq_ptr + m * n_sub * 8 + s[:, None] * 8 + ir[None, :]
+    x_lo = tl.broadcast_to(tl.load(xq_at, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)  # (NS, 4)
+    x_hi = tl.broadcast_to(tl.load(xq_at + 4, mask=sv[:, None], other=0)[None, :, :], w_lo.shape)
     dot = _dp4a(w_lo, x_lo, tl.zeros(w_lo.shape, tl.int32), USE_ASM)
     dot = _dp4a(w_hi, x_hi, dot, USE_ASM)
     xd = tl.load(xd_ptr + m * n_sub + s, mask=sv, other=0)

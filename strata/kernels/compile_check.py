@@ -83,8 +83,6 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             flat = dict(int8, ROWS_AT_ONCE=False, FLAT_ACC=True)
             out.append((f"Q4_K int8 {name} flat_acc", q4k, flat, {}))
             out.append((f"Q4_K int8 {name} flat_acc scalar_scales", q4k, dict(flat, SCALAR_SCALES=True), {}))
-            both = dict(flat, SCALAR_SCALES=True, X_PER_ROW=True)
-            out.append((f"Q4_K int8 {name} flat_acc scalar_scales x_per_row", q4k, both, {}))
             ahead = dict(flat, SCALAR_SCALES=True, PREFETCH=True)
             out.append((f"Q4_K int8 {name} flat_acc scalar_scales prefetch", q4k, ahead, {}))
             paired = dict(flat, SCALAR_SCALES=True, PAIRED_DM=True)
@@ -97,8 +95,6 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             # preload (MatvecConfig.preload): main() checks that a weight load precedes the wait.
             preload = dict(flat, SCALAR_SCALES=True, PRELOAD=True, PDL=1)
             out.append((f"Q4_K int8 {name} flat_acc scalar_scales pdl preload", q4k, preload, {}))
-            one_step = dict(preload, BLOCK_N=8, BLOCK_K=4096, NUM_WARPS=8)  # STRATA_MATVEC_ONE_STEP
-            out.append((f"Q4_K int8 {name} one step 8x4096 pdl preload", q4k, one_step, {}))
             q6_preload = dict(int8, PRELOAD=True, PDL=1)
             out.append(
                 (f"Q6_K int8 {name} pdl preload", q6_k_int8_matvec_kernel, q6_preload, {"sc_ptr": "*i8"})

@@ -113,7 +113,7 @@ def int8_matvec(
         q4_k_int8_matvec_kernel[grid](
             xq, xd, xs, *dest, *planes, n, k, stride_ys, stride_ym, *strides,
             ROWS_AT_ONCE=cfg.rows_at_once, FLAT_ACC=cfg.flat_acc, SCALAR_SCALES=cfg.scalar_scales,
-            X_PER_ROW=cfg.x_per_row, PREFETCH=cfg.prefetch, PAIRED_DM=cfg.paired_dm, ROWS=rows_group,
+            PREFETCH=cfg.prefetch, PAIRED_DM=cfg.paired_dm, ROWS=rows_group,
             PRELOAD=cfg.preload,
             **common, **(kv or {}),
         )  # fmt: skip

@@ -32,11 +32,6 @@ def check_flags(cfg: MatvecConfig, packed: PackedQuantWeight, int8_x: bool, m: i
             f"MatvecConfig.scalar_scales is implemented in Q4_K's and Q6_K's int8_x kernels only, not "
             f"{what}: leave it off, or use Q4_K's planar layout or Q6_K with int8_x"
         )
-    if cfg.x_per_row and not (int8_x and planar and not cfg.rows_at_once):
-        raise ValueError(
-            f"MatvecConfig.x_per_row is implemented in Q4_K's int8_x kernel without rows_at_once, not "
-            f"{what}: leave it off, or use Q4_K's planar layout with int8_x"
-        )
     if cfg.flat_acc and not (m == 1 and not cfg.rows_at_once and ((int8_x and planar) or flat_q5_0)):
         raise ValueError(
             "MatvecConfig.flat_acc is implemented for one row of x in Q4_K's int8_x kernel and Q5_0's fp32"

@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     from strata.kernels.quant_pack import PackedQuantWeight
 
 _T = GGMLQuantizationType
-# STRATA_MATVEC_ONE_STEP: the K (exclusive, inclusive) whose Q4_K planar int8 matvec takes one step of
-# the upper bound, two at the default tile's 2,048 (the 7B's 3,584).
-ONE_STEP_K = (2048, 4096)
 # STRATA_SPLIT_ONE_STEP applies to int8 weights of fewer row tiles than this (two per SM of an H100):
 # the 0.5B's Q4_K down (112 tiles of 8 rows) and the 1.5B's o (192), not the 7B's weights (448 and more).
 # (Q6_K's default "rows" layout and Q4_K's "rows", the 1.5B's down among them, run kernels of their own.)
@@ -30,8 +27,7 @@ SPLIT_ONE_STEP_BELOW = 264
 
 def env_tile(cfg: MatvecConfig, w: PackedQuantWeight, m: int, int8_x: bool) -> MatvecConfig:
     """The tile a launch without a config runs for `m` rows of x by `w` (packed once), from
-    `default_config`'s `cfg`: STRATA_MATVEC_ONE_STEP's one preloaded step on Q4_K's planar int8 matvec
-    where it applies, else STRATA_SPLIT_ONE_STEP's `split_one_step` where that applies, else
+    `default_config`'s `cfg`: STRATA_SPLIT_ONE_STEP's `split_one_step` where that applies, else
     STRATA_MATVEC_PRELOAD's `preload_tile`, for one row; for 2-4 rows, STRATA_INT8_LANE_BLOCKS's
     layout in the int8 Q8_0 and Q5_0 kernels."""
     if m != 1:
@@ -39,9 +35,6 @@ def env_tile(cfg: MatvecConfig, w: PackedQuantWeight, m: int, int8_x: bool) -> M
         return replace(cfg, lane_blocks=True) if lanes else cfg
     if int8_x and env.split_one_step() and splits_to_one_step(cfg, w):
         return replace(cfg, split_k=triton.cdiv(w.k, cfg.block_k), preload=True)
-    warps = env.matvec_one_step()
-    if int8_x and warps and w.planar and w.layout != "rows" and ONE_STEP_K[0] < w.k <= ONE_STEP_K[1]:
-        return replace(cfg, block_n=8, block_k=ONE_STEP_K[1], split_k=1, num_warps=warps, preload=True)
     preload = env.matvec_preload()
     if preload == "0":
         return cfg

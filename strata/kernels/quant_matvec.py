@@ -14,7 +14,6 @@ import torch
 import triton
 from gguf.constants import GGMLQuantizationType
 
-from strata import env
 from strata.kernels._int8_x import Int8X
 from strata.kernels._matvec_kquant import q4_k_matvec_kernel, q6_k_matvec_kernel
 from strata.kernels._matvec_legacy import q4_0_matvec_kernel, q5_0_matvec_kernel, q8_0_matvec_kernel
@@ -74,12 +73,10 @@ class MatvecConfig:
     measured); Q5_0 three reductions per step, fp32 sums in another order (opt-in until timed).
     `scalar_scales` (Q4_K's and Q6_K's int8 kernels) loads the sub-block scales one per thread in the
     words' layout instead of vectorized, leaving out a layout conversion per step: the same sums
-    (Q4_K's default where measured faster, Q6_K's opt-in until timed). `x_per_row`
-    (Q4_K's int8 kernel, not with rows_at_once) loads x's words in the words' layout, once for each row a
-    thread holds, instead of once and converted: the same sums (opt-in until timed;
-    STRATA_X_PER_ROW). `matched_loads` (M = 1, the fp32-x Q8_0 and Q5_0 kernels) runs
-    `_matvec_legacy_matched`'s loop, every load in one thread layout and no conversion inside it: the
-    same products summed in another order (with `preload`, the default of `env_tile`).
+    (Q4_K's default where measured faster, Q6_K's opt-in until timed). `matched_loads` (M = 1, the
+    fp32-x Q8_0 and Q5_0 kernels) runs `_matvec_legacy_matched`'s loop, every load in one thread
+    layout and no conversion inside it: the same products summed in another order (with `preload`,
+    the default of `env_tile`).
     `max_registers` caps the registers of a thread (Triton's `maxnreg`), so
     that more programs fit on an SM (the 8 x 2,048 Q4_K int8 tile takes 112, four programs of four
     warps; at 96, five, with no spills in its sm_90 build): the same sums (opt-in until timed).
@@ -108,7 +105,6 @@ class MatvecConfig:
     rows_at_once: bool = False
     flat_acc: bool = False
     scalar_scales: bool = False
-    x_per_row: bool = False
     matched_loads: bool = False
     max_registers: int | None = None
     paired_dm: bool = False
@@ -161,7 +157,7 @@ def default_config(
         # on each of the 7B's weights: q+k 6.21 us, q+k+v 6.99, o 6.14, gate+up 34.01 (16 x 512:
         # 37.19), down 23.13 (8 warps: 24.05). The scales' layout alone: 1.08-1.13x at that tile.
         split = auto_split_k(n, k, 8, 2048, num_sms)
-        return MatvecConfig(8, 2048, split, 4, flat_acc=True, scalar_scales=True, x_per_row=env.x_per_row())
+        return MatvecConfig(8, 2048, split, 4, flat_acc=True, scalar_scales=True)
     if m == 1:
         block_n, block_k, warps = 8, 512, 8 if k <= 1024 else 4
         if n >= 65536:  # an output head: 150k rows
