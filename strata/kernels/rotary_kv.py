@@ -10,7 +10,6 @@ KVCache.write would round it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -134,39 +133,36 @@ def _check(
         raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
 
 
-@dataclass(frozen=True)
-class NewKV:
-    """A step's new K and V (one row per token, not yet rotated) and how to rotate and place them:
-    `rotary_kv_write`'s inputs other than q and the caches, checked together (`check`)."""
-
-    k: torch.Tensor  # (tokens, kv_heads, head_dim)
-    v: torch.Tensor  # (tokens, kv_heads, head_dim)
-    positions: torch.Tensor  # (tokens,)
-    slot_mapping: torch.Tensor  # (tokens,), a negative slot writes nothing
-    inv_freq: torch.Tensor  # (rope_dim / 2,) fp32
-    rope_dim: int
-    layout: Literal["neox", "interleaved"]
-    scale: float = 1.0
-
-    def check(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        """Raises on inputs `rotary_kv_write` would refuse (see its docstring)."""
-        _check("q", q, (-1, -1, -1), _DTYPES, q)
-        num_tokens, _, head_dim = q.shape
-        _check("k", self.k, (num_tokens, -1, head_dim), _DTYPES, q)
-        num_kv_heads = self.k.shape[1]
-        _check("v", self.v, (num_tokens, num_kv_heads, head_dim), _DTYPES, q)
-        _check("k_cache", k_cache, (-1, num_kv_heads, head_dim), _DTYPES, q)
-        _check("v_cache", v_cache, (k_cache.shape[0], num_kv_heads, head_dim), _DTYPES, q)
-        _check("positions", self.positions, (num_tokens,), _INDEX_DTYPES, q)
-        _check("slot_mapping", self.slot_mapping, (num_tokens,), _INDEX_DTYPES, q)
-        rope_dim = self.rope_dim
-        if rope_dim < 2 or rope_dim % 2 or rope_dim > head_dim:
-            raise ValueError(f"rope_dim must be even and in [2, head_dim={head_dim}], got {rope_dim}")
-        _check("inv_freq", self.inv_freq, (rope_dim // 2,), (torch.float32,), q)
-        if self.layout not in ("neox", "interleaved"):
-            raise ValueError(f'layout must be "neox" or "interleaved", got {self.layout!r}')
-        if not self.scale > 0:
-            raise ValueError(f"scale must be > 0, got {self.scale}")
+def _check_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    rope_dim: int,
+    layout: str,
+    scale: float,
+) -> None:
+    """Raises on inputs `rotary_kv_write` refuses (see its docstring)."""
+    _check("q", q, (-1, -1, -1), _DTYPES, q)
+    num_tokens, _, head_dim = q.shape
+    _check("k", k, (num_tokens, -1, head_dim), _DTYPES, q)
+    num_kv_heads = k.shape[1]
+    _check("v", v, (num_tokens, num_kv_heads, head_dim), _DTYPES, q)
+    _check("k_cache", k_cache, (-1, num_kv_heads, head_dim), _DTYPES, q)
+    _check("v_cache", v_cache, (k_cache.shape[0], num_kv_heads, head_dim), _DTYPES, q)
+    _check("positions", positions, (num_tokens,), _INDEX_DTYPES, q)
+    _check("slot_mapping", slot_mapping, (num_tokens,), _INDEX_DTYPES, q)
+    if rope_dim < 2 or rope_dim % 2 or rope_dim > head_dim:
+        raise ValueError(f"rope_dim must be even and in [2, head_dim={head_dim}], got {rope_dim}")
+    _check("inv_freq", inv_freq, (rope_dim // 2,), (torch.float32,), q)
+    if layout not in ("neox", "interleaved"):
+        raise ValueError(f'layout must be "neox" or "interleaved", got {layout!r}')
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
 
 
 def rotary_kv_write(
@@ -193,7 +189,7 @@ def rotary_kv_write(
     nothing (padding). `layout` is "neox" or "interleaved"; `scale` divides positions (linear RoPE
     scaling). No host-device sync: safe to capture in a CUDA graph.
     """
-    NewKV(k, v, positions, slot_mapping, inv_freq, rope_dim, layout, scale).check(q, k_cache, v_cache)
+    _check_inputs(q, k, v, positions, inv_freq, k_cache, v_cache, slot_mapping, rope_dim, layout, scale)
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 0:
         return
