@@ -133,38 +133,6 @@ def _check(
         raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
 
 
-def _check_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    inv_freq: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    rope_dim: int,
-    layout: str,
-    scale: float,
-) -> None:
-    """Raises on inputs `rotary_kv_write` refuses (see its docstring)."""
-    _check("q", q, (-1, -1, -1), _DTYPES, q)
-    num_tokens, _, head_dim = q.shape
-    _check("k", k, (num_tokens, -1, head_dim), _DTYPES, q)
-    num_kv_heads = k.shape[1]
-    _check("v", v, (num_tokens, num_kv_heads, head_dim), _DTYPES, q)
-    _check("k_cache", k_cache, (-1, num_kv_heads, head_dim), _DTYPES, q)
-    _check("v_cache", v_cache, (k_cache.shape[0], num_kv_heads, head_dim), _DTYPES, q)
-    _check("positions", positions, (num_tokens,), _INDEX_DTYPES, q)
-    _check("slot_mapping", slot_mapping, (num_tokens,), _INDEX_DTYPES, q)
-    if rope_dim < 2 or rope_dim % 2 or rope_dim > head_dim:
-        raise ValueError(f"rope_dim must be even and in [2, head_dim={head_dim}], got {rope_dim}")
-    _check("inv_freq", inv_freq, (rope_dim // 2,), (torch.float32,), q)
-    if layout not in ("neox", "interleaved"):
-        raise ValueError(f'layout must be "neox" or "interleaved", got {layout!r}')
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
-
-
 def rotary_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -189,12 +157,26 @@ def rotary_kv_write(
     nothing (padding). `layout` is "neox" or "interleaved"; `scale` divides positions (linear RoPE
     scaling). No host-device sync: safe to capture in a CUDA graph.
     """
-    _check_inputs(q, k, v, positions, inv_freq, k_cache, v_cache, slot_mapping, rope_dim, layout, scale)
+    _check("q", q, (-1, -1, -1), _DTYPES, q)
     num_tokens, num_heads, head_dim = q.shape
+    _check("k", k, (num_tokens, -1, head_dim), _DTYPES, q)
+    num_kv_heads = k.shape[1]
+    _check("v", v, (num_tokens, num_kv_heads, head_dim), _DTYPES, q)
+    _check("k_cache", k_cache, (-1, num_kv_heads, head_dim), _DTYPES, q)
+    _check("v_cache", v_cache, (k_cache.shape[0], num_kv_heads, head_dim), _DTYPES, q)
+    _check("positions", positions, (num_tokens,), _INDEX_DTYPES, q)
+    _check("slot_mapping", slot_mapping, (num_tokens,), _INDEX_DTYPES, q)
+    if rope_dim < 2 or rope_dim % 2 or rope_dim > head_dim:
+        raise ValueError(f"rope_dim must be even and in [2, head_dim={head_dim}], got {rope_dim}")
+    _check("inv_freq", inv_freq, (rope_dim // 2,), (torch.float32,), q)
+    if layout not in ("neox", "interleaved"):
+        raise ValueError(f'layout must be "neox" or "interleaved", got {layout!r}')
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
     if num_tokens == 0:
         return
 
-    _rotary_kv_kernel[(num_tokens, num_heads + k.shape[1])](
+    _rotary_kv_kernel[(num_tokens, num_heads + num_kv_heads)](
         q, k, v, positions, inv_freq, k_cache, v_cache, slot_mapping,
         float(scale),
         *q.stride(), *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),
