@@ -49,7 +49,7 @@ tests=${TESTS:-"tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matm
     tests/test_kernels_dequant_packed.py tests/test_model_kernel_path.py tests/test_act_in_quant.py
     tests/test_quant_in_norm.py tests/test_kernels_matvec_variants.py tests/test_decode_settings.py
     tests/test_concurrent_projections.py tests/test_dense_copy.py
-    tests/test_cuda_graphs_bound.py tests/test_norm_in_matvec.py tests/test_widen_to_stack.py
+    tests/test_cuda_graphs_bound.py tests/test_widen_to_stack.py
     tests/test_kernels_q4k_rows.py tests/test_kernels_q6k_rows.py tests/test_prefill_graphs.py
     tests/test_attention_graph_replays.py tests/test_rows_preload.py tests/test_attention_merge_in_split.py"}
 if [ -z "${SKIP_TESTS:-}" ]; then

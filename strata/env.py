@@ -148,18 +148,6 @@ def rope_in_matvec() -> bool:
     return _level("STRATA_ROPE_IN_MATVEC", "1", ("0", "1")) == "1"
 
 
-def norm_in_matvec() -> bool:
-    """STRATA_NORM_IN_MATVEC=1 (opt-in until timed): on the GPU kernel path, a decode step of one
-    sequence (one row) runs each llama-style block's two RMSNorms inside the loads of the projections
-    they feed (q/k/v, gate/up), where those multiply 16-bit x as it is (Q8_0, Q5_0; Q4_K and Q6_K
-    with STRATA_INT8_X=none), and the residual adds inside the stores of the o and down projections:
-    two launches fewer per layer (the 0.5B's 24 layers: 48 a step). The residual adds are the same
-    bits; each matvec program takes the norm's 1 / rms from the whole row, reduced in another order
-    than the norm kernel's (fp32 rounding apart, the same values). 0: the norms launch on their own.
-    Measured slower (H100, 2026-12-05): 0.5B decode 0.958x over STRATA_INT8_X=none, itself 0.854x."""
-    return _level("STRATA_NORM_IN_MATVEC", "0", ("0", "1")) == "1"
-
-
 def matvec_preload() -> str:
     """STRATA_MATVEC_PRELOAD: on the GPU kernel path, how a decode matvec of one row of 16/32-bit x by
     a Q8_0 or Q5_0 weight of K up to 2,048 (the 0.5B's q/k/v, o and gate/up; not the output head)

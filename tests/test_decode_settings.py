@@ -11,8 +11,6 @@ logits are compared.
   model's whole length here, so the defaults run the long set.
 - STRATA_ATTENTION_PREFETCH=0 with STRATA_MERGE_WARPS=1: decode attention loads its first tile after
   the wait, and its merge runs on one warp
-- STRATA_NORM_IN_MATVEC=1 (with int8 x off): one-row steps' norms in the projections' loads and
-  residual adds in their stores
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from gguf.constants import GGMLQuantizationType as T  # noqa: E402
 import strata.engine.llm_engine as llm_engine  # noqa: E402
 import strata.kernels.paged_attention as paged_attention  # noqa: E402
 import strata.kernels.quant_matvec as quant_matvec  # noqa: E402
-import strata.kernels.rms_norm as rms_norm  # noqa: E402
 import strata.layers.linear as linear  # noqa: E402
 from strata.gguf.synth import SynthSpec, write_synthetic  # noqa: E402
 from tests.synthetic_decode import greedy_kernel_path  # noqa: E402
@@ -46,7 +43,6 @@ class Run:
     ids: list[int]
     quantize_x: int = 0  # quantize_x launches
     gated: int = 0  # gated activations launched on their own
-    norms: int = 0  # rms_norm launches
     logits: list[torch.Tensor] = field(default_factory=list)  # each step's, as the sampler gets them
     attention: list[dict[str, Any]] = field(default_factory=list)  # each paged_decode_attention's kwargs
 
@@ -62,7 +58,7 @@ def decode(path: Path, **settings: str) -> Run:
             mp.setenv(f"STRATA_{name}", value)
         quantize, gated = quant_matvec.quantize_x, linear.gated
         attend = paged_attention.paged_decode_attention
-        norm, sample = rms_norm.rms_norm, llm_engine.sample_batch
+        sample = llm_engine.sample_batch
 
         def count_quantize(*args, **kwargs):
             run.quantize_x += 1
@@ -71,10 +67,6 @@ def decode(path: Path, **settings: str) -> Run:
         def count_gated(*args):
             run.gated += 1
             return gated(*args)
-
-        def count_norm(*args, **kwargs):
-            run.norms += 1
-            return norm(*args, **kwargs)
 
         def record_logits(logits, *args):
             run.logits.append(logits.clone())
@@ -87,9 +79,7 @@ def decode(path: Path, **settings: str) -> Run:
         mp.setattr(quant_matvec, "quantize_x", count_quantize)
         mp.setattr(linear, "gated", count_gated)
         mp.setattr(paged_attention, "paged_decode_attention", record_attention)
-        mp.setattr(rms_norm, "rms_norm", count_norm)
         mp.setattr(llm_engine, "sample_batch", record_logits)
-        mp.setattr(quant_matvec, "rms_norm", count_norm)
         run.ids = greedy_kernel_path(path, DEVICE)
     return run
 
@@ -169,15 +159,3 @@ def test_attention_prefetch_and_merge_warps(model: Path, defaults: Run):
     assert_same_bits(other, defaults)
     assert {kw["merge_warps"] for kw in defaults.attention} == {None}
     assert other.attention and {kw["merge_warps"] for kw in other.attention} == {1}
-
-
-def test_norm_in_matvec(model: Path):
-    # Q8_0 on 16-bit x (int8 x off): in the two decode steps (one row each) the norms of both layers
-    # go into the q/k/v and gate/up matvecs' loads and the residual adds into the o and down
-    # projections' stores; the final norm still launches. In Triton's interpreter the 1 / rms of the
-    # loads is the norm kernel's bit for bit (on a GPU within fp32 rounding: tests/test_norm_in_matvec).
-    plain = decode(model, INT8_X="none")
-    fused = decode(model, INT8_X="none", NORM_IN_MATVEC="1")
-    assert_same_bits(fused, plain)
-    decode_steps, layers = 2, 2
-    assert plain.norms - fused.norms == decode_steps * layers * 2

@@ -17,7 +17,6 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool]] = [
     ("STRATA_ROPE_IN_MATVEC", env.rope_in_matvec, True),
     ("STRATA_CONCURRENT_PROJECTIONS", env.concurrent_projections, True),
     ("STRATA_DENSE_STACK", env.dense_stack, True),
-    ("STRATA_NORM_IN_MATVEC", env.norm_in_matvec, False),
     ("STRATA_WIDEN_TO_STACK", env.widen_to_stack, False),
     ("STRATA_ROWS_PRELOAD", env.rows_preload, False),
     ("STRATA_INT8_LANE_BLOCKS", env.int8_lane_blocks, False),

@@ -1,6 +1,6 @@
 """MatvecConfig.preload: the Q8_0 and Q5_0 fp32-x kernels load and decode a program's one K step of
 weights before `await_inputs`, and Q4_K's int8 kernel its first step's. The same operations in the
-same order as the plain loop, so the outputs must be equal bit for bit (plain, normed, with bias and
+same order as the plain loop, so the outputs must be equal bit for bit (plain, with bias and
 accumulated), and the configs the kernels do not implement are refused by name."""
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ def test_preload_is_bitwise_the_plain_step(
     packed = weight(qtype, n, k)
     x = torch.randn(1, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE)
-    norm = (torch.randn(k, device=DEVICE).to(dtype), 1e-6)
-    for kwargs in ({}, {"bias": bias}, {"norm": norm}):
+    for kwargs in ({}, {"bias": bias}):
         plain = quant_matvec(x, packed, qtype, n, k, config=cfg, **kwargs)
         out = torch.full((1, n), float("nan"), dtype=dtype, device=DEVICE)
         got = quant_matvec(x, packed, qtype, n, k, out=out, config=replace(cfg, preload=True), **kwargs)

@@ -34,7 +34,6 @@ ENV_OPTIONS = {
     "attn_warps": "STRATA_ATTN_WARPS",
     "attn_stages": "STRATA_ATTN_STAGES",
     "split_len": "STRATA_SPLIT_LEN",
-    "norm_in_matvec": "STRATA_NORM_IN_MATVEC",
     "widen_to_stack": "STRATA_WIDEN_TO_STACK",
     "matvec_preload": "STRATA_MATVEC_PRELOAD",
     "quant_in_merge": "STRATA_QUANT_IN_MERGE",

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from strata.kernels._bits import add_to_row, exact_float, row_at, split_range, store_rows
 from strata.kernels.pdl import await_inputs
-from strata.kernels.x_loads import load_x, row_inverse_rms
+from strata.kernels.x_loads import load_x
 
 
 @triton.jit
@@ -91,14 +91,12 @@ def q6_k_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     up_ptr=None, GATED: tl.constexpr = False,
-    norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
 ):  # fmt: skip
-    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x; with NORMED (M = 1)
-    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`). ROWS: the planes are quant_pack's
-    Q6_K "rows" layout with ROWS rows a group (the strides a group's), read through `row_at`."""
+    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x. ADD: out += y
+    (`_bits.added`). ROWS: the planes are quant_pack's Q6_K "rows" layout with ROWS rows a group (the
+    strides a group's), read through `row_at`."""
     await_inputs(PDL)
-    inv_rms = row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H)
     # Work goes in halves of a super-block (128 elements): half g has ql bytes 64g..64g+63, qh bytes
     # 32g..32g+31 and scales 8g..8g+7. Element 128g + 32s + i (s = 0..3, i = 0..31) takes its low
     # 4 bits from ql byte 64g + 32(s % 2) + i (low nibble for s < 2) and its high 2 bits from bits
@@ -135,7 +133,7 @@ def q6_k_matvec_kernel(
             x_off = g[:, None, None] * 128 + 32 * s + it[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
             for m in tl.static_range(M):
                 x_at = m * stride_xm + x_off
-                xv = load_x(x_ptr, up_ptr, x_at, gm[:, None, None], GATED, norm_ptr, inv_rms, NORMED)
+                xv = load_x(x_ptr, up_ptr, x_at, gm[:, None, None], GATED)
                 part = tl.sum(tl.sum(tl.sum(w * xv[None, :, :, :], 3) * scale, 2), 1)
                 acc = add_to_row(acc, part, m, M_PAD)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,

@@ -21,7 +21,6 @@ from strata.kernels._matvec_legacy_matched import (
 )
 from strata.kernels.kv_in_matvec import kv_prologue, kv_tile_rows
 from strata.kernels.pdl import await_inputs, await_inputs_after, prefetch_weights
-from strata.kernels.x_loads import load_x, row_inverse_rms
 
 
 @triton.jit
@@ -31,14 +30,13 @@ def q8_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, MATCHED: tl.constexpr = False,
-    norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
-    """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED
-    (M = 1): x is RMSNorm(x) with weight norm_ptr (`x_loads`); ADD: out += y (`_bits.added`).
+    """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout. ADD: out += y
+    (`_bits.added`).
     PRELOAD (M = 1, one step a program): the step's weights loaded and decoded before `await_inputs`,
     then the loop's one step on them (the same operations, so the same bits); with MATCHED, the
     matched loop's one step (no layout conversion of x after the wait).
@@ -62,22 +60,16 @@ def q8_0_matvec_kernel(
         await_inputs_after((tl.sum(w, len(w.shape) - 1) * d).to(tl.int32, bitcast=True), PDL)
     else:
         await_inputs(PDL)
-    norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
     if PRELOAD and MATCHED:
-        acc = q8_0_chunk_dot(tl.zeros((BLOCK_N, NB, 4), tl.float32), x_ptr, w, d, lo, hi, BLOCK_N, NB,
-                             *norm, NORMED)  # fmt: skip
+        acc = q8_0_chunk_dot(tl.zeros((BLOCK_N, NB, 4), tl.float32), x_ptr, w, d, lo, hi, BLOCK_N, NB)
         acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
     elif PRELOAD:
-        acc = _q8_0_dot(tl.zeros((M_PAD, BLOCK_N), tl.float32), x_ptr, w, d, lo, hi, 0, stride_xm,
-                        M_PAD, NB, *norm, NORMED)  # fmt: skip
+        acc = _q8_0_dot(tl.zeros((M_PAD, BLOCK_N), tl.float32), x_ptr, w, d, lo, hi, 0, stride_xm, M_PAD, NB)
     elif MATCHED:
-        chunks = q8_0_chunks(
-            x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, BLOCK_N, NB, *norm, NORMED
-        )
-        acc = chunks[None, :]
+        acc = q8_0_chunks(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_qs, stride_d, BLOCK_N, NB)[None, :]
     else:
         acc = _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
-                         M, M_PAD, BLOCK_N, NB, *norm, NORMED)  # fmt: skip
+                         M, M_PAD, BLOCK_N, NB)  # fmt: skip
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
                SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
@@ -90,7 +82,6 @@ def q5_0_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FLAT_ACC: tl.constexpr = False,
     MATCHED: tl.constexpr = False,
-    norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
@@ -98,8 +89,8 @@ def q5_0_matvec_kernel(
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step. MATCHED (M = 1):
-    `_matvec_legacy_matched`'s loop, every load in one thread layout. NORMED, ADD, PRELOAD and the
-    K/V write: as Q8_0's."""
+    `_matvec_legacy_matched`'s loop, every load in one thread layout. ADD, PRELOAD and the K/V write:
+    as Q8_0's."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
@@ -118,36 +109,33 @@ def q5_0_matvec_kernel(
         await_inputs_after((tl.sum(w_lo + w_hi, len(w_lo.shape) - 1) * d).to(tl.int32, bitcast=True), PDL)
     else:
         await_inputs(PDL)
-    norm = (norm_ptr, row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H))
     if PRELOAD and MATCHED:
         acc = q5_0_chunk_dot(tl.zeros((BLOCK_N, NB, 2), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi,
-                             BLOCK_N, NB, *norm, NORMED)  # fmt: skip
+                             BLOCK_N, NB)  # fmt: skip
         acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
     elif PRELOAD:
         acc = _q5_0_dot(tl.zeros((M_PAD, BLOCK_N), tl.float32), x_ptr, w_lo, w_hi, d, lo, hi, 0,
-                        stride_xm, M_PAD, NB, False, *norm, NORMED)  # fmt: skip
+                        stride_xm, M_PAD, NB, False)  # fmt: skip
     elif MATCHED:
         acc = q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_qs, stride_qh, stride_d,
-                          BLOCK_N, NB, *norm, NORMED)[None, :]  # fmt: skip
+                          BLOCK_N, NB)[None, :]  # fmt: skip
     else:
         acc = _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
-                         M, M_PAD, BLOCK_N, NB, FLAT_ACC, *norm, NORMED)  # fmt: skip
+                         M, M_PAD, BLOCK_N, NB, FLAT_ACC)  # fmt: skip
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
                SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
 def _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
-               M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-               norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+               M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr):  # fmt: skip
     """Every row of x times row tile rc over blocks [lo, hi): (M_PAD, BLOCK_N) fp32, each block's
-    sum scaled by its d. BLOCK_N is passed, not read from rc.shape (see `_int8_x.store_int8`).
-    x is loaded by `x_loads.load_x` (NORMED: its norm)."""
+    sum scaled by its d. BLOCK_N is passed, not read from rc.shape (see `_int8_x.store_int8`)."""
     acc = tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
         w, d = _q8_0_weights(qs_ptr, d_ptr, rc, b0, hi, stride_qs, stride_d, NB)
         for m in tl.static_range(M):
-            acc = _q8_0_dot(acc, x_ptr, w, d, b0, hi, m, stride_xm, M_PAD, NB, norm_ptr, inv_rms, NORMED)
+            acc = _q8_0_dot(acc, x_ptr, w, d, b0, hi, m, stride_xm, M_PAD, NB)
     return acc
 
 
@@ -170,17 +158,13 @@ def _q8_0_weights(qs_ptr, d_ptr, rc, b0, hi, stride_qs, stride_d, NB: tl.constex
 
 
 @triton.jit
-def _q8_0_dot(acc, x_ptr, w, d, b0, hi, m, stride_xm, M_PAD: tl.constexpr, NB: tl.constexpr,
-              norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+def _q8_0_dot(acc, x_ptr, w, d, b0, hi, m, stride_xm, M_PAD: tl.constexpr, NB: tl.constexpr):
     """acc with x's row m times the decoded blocks [b0, b0 + NB) (`_q8_0_weights`) added to its row m."""
     blk = b0 + tl.arange(0, NB)
     bm = blk < hi
     ij = tl.arange(0, 32)
-    if NORMED:  # one row: x's column offsets are the norm weight's
-        xv = load_x(x_ptr, None, blk[:, None] * 32 + ij[None, :], bm[:, None], False, norm_ptr, inv_rms, True)
-    else:  # the loop's own address arithmetic (that of load_x compiles to more instructions here)
-        xv = tl.load(x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :], mask=bm[:, None], other=0)
-        xv = xv.to(tl.float32)
+    xv = tl.load(x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :], mask=bm[:, None], other=0)
+    xv = xv.to(tl.float32)
     part = tl.sum(tl.sum(w * xv[None, :, :], 2) * d, 1)
     return add_to_row(acc, part, m, M_PAD)
 
@@ -188,14 +172,13 @@ def _q8_0_dot(acc, x_ptr, w, d, b0, hi, m, stride_xm, M_PAD: tl.constexpr, NB: t
 @triton.jit
 def _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
                M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-               FLAT_ACC: tl.constexpr, norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+               FLAT_ACC: tl.constexpr):  # fmt: skip
     """As `_q8_0_rows` for Q5_0; FLAT_ACC: see the kernel."""
     acc = tl.zeros((BLOCK_N, NB, 16), tl.float32) if FLAT_ACC else tl.zeros((M_PAD, BLOCK_N), tl.float32)
     for b0 in range(lo, hi, NB):
         w_lo, w_hi, d = _q5_0_weights(qs_ptr, qh_ptr, d_ptr, rc, b0, hi, stride_qs, stride_qh, stride_d, NB)
         for m in tl.static_range(M):
-            acc = _q5_0_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, m, stride_xm, M_PAD, NB, FLAT_ACC,
-                            norm_ptr, inv_rms, NORMED)  # fmt: skip
+            acc = _q5_0_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, m, stride_xm, M_PAD, NB, FLAT_ACC)
     if FLAT_ACC:
         acc = tl.sum(tl.sum(acc, 2), 1)[None, :]
     return acc
@@ -224,20 +207,15 @@ def _q5_0_weights(qs_ptr, qh_ptr, d_ptr, rc, b0, hi, stride_qs, stride_qh, strid
 
 @triton.jit
 def _q5_0_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, m, stride_xm, M_PAD: tl.constexpr, NB: tl.constexpr,
-              FLAT_ACC: tl.constexpr, norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+              FLAT_ACC: tl.constexpr):  # fmt: skip
     """As `_q8_0_dot` for Q5_0's decoded halves (`_q5_0_weights`); FLAT_ACC: acc is the kernel's flat
     (BLOCK_N, NB, 16) accumulator."""
     blk = b0 + tl.arange(0, NB)
     bm = blk < hi
     ij = tl.arange(0, 16)
-    if NORMED:  # as in _q8_0_dot
-        x_at = blk[:, None] * 32 + ij[None, :]
-        x_lo = load_x(x_ptr, None, x_at, bm[:, None], False, norm_ptr, inv_rms, True)[None, :, :]
-        x_hi = load_x(x_ptr, None, x_at + 16, bm[:, None], False, norm_ptr, inv_rms, True)[None, :, :]
-    else:
-        x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
-        x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
-        x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+    x_at = x_ptr + m * stride_xm + blk[:, None] * 32 + ij[None, :]
+    x_lo = tl.load(x_at, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
+    x_hi = tl.load(x_at + 16, mask=bm[:, None], other=0).to(tl.float32)[None, :, :]
     if FLAT_ACC:
         out = acc + (w_lo * x_lo + w_hi * x_hi) * d[:, :, None]
     else:

@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 
 from strata.kernels._bits import exact_float
-from strata.kernels.x_loads import load_x
 
 
 @triton.jit
@@ -38,15 +37,13 @@ def _per_chunk(plane_ptr, rows, stride, blk, bm, CHUNKS: tl.constexpr):
 
 @triton.jit
 def q8_0_chunks(x_ptr, qs_ptr, d_ptr, rows, lo, hi, stride_qs, stride_d,
-                BLOCK_N: tl.constexpr, NB: tl.constexpr,
-                norm_ptr=None, inv_rms=1.0, NORMED: tl.constexpr = False):  # fmt: skip
+                BLOCK_N: tl.constexpr, NB: tl.constexpr):  # fmt: skip
     """Row tile `rows` (clamped to valid rows) times x over blocks [lo, hi): (BLOCK_N,) fp32. A block's
-    32 quant bytes are four chunks of 8, a thread's chunk meeting its 8 elements of x (loaded by
-    `x_loads.load_x`: NORMED, its norm)."""
+    32 quant bytes are four chunks of 8, a thread's chunk meeting its 8 elements of x."""
     acc = tl.zeros((BLOCK_N, NB, 4), tl.float32)
     for b0 in range(lo, hi, NB):
         w, d = q8_0_chunk_weights(qs_ptr, d_ptr, rows, b0, hi, stride_qs, stride_d, NB)
-        acc = q8_0_chunk_dot(acc, x_ptr, w, d, b0, hi, BLOCK_N, NB, norm_ptr, inv_rms, NORMED)
+        acc = q8_0_chunk_dot(acc, x_ptr, w, d, b0, hi, BLOCK_N, NB)
     return tl.sum(tl.sum(acc, 2), 1)
 
 
@@ -64,20 +61,18 @@ def q8_0_chunk_weights(qs_ptr, d_ptr, rows, b0, hi, stride_qs, stride_d, NB: tl.
 
 
 @triton.jit
-def q8_0_chunk_dot(acc, x_ptr, w, d, b0, hi, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-                   norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+def q8_0_chunk_dot(acc, x_ptr, w, d, b0, hi, BLOCK_N: tl.constexpr, NB: tl.constexpr):
     """acc plus the chunk sums of x times the blocks [b0, b0 + NB) decoded by `q8_0_chunk_weights`."""
     blk = b0 + tl.arange(0, NB)
     bm = blk < hi
     off = (blk[:, None, None] * 32 + _in_block(bm, 4))[None, :, :, :] + tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
-    x = load_x(x_ptr, None, off, bm[None, :, None, None], False, norm_ptr, inv_rms, NORMED)
+    x = tl.load(x_ptr + off, mask=bm[None, :, None, None], other=0).to(tl.float32)
     return acc + tl.sum(w * x, 3) * d
 
 
 @triton.jit
 def q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rows, lo, hi, stride_qs, stride_qh, stride_d,
-                BLOCK_N: tl.constexpr, NB: tl.constexpr,
-                norm_ptr=None, inv_rms=1.0, NORMED: tl.constexpr = False):  # fmt: skip
+                BLOCK_N: tl.constexpr, NB: tl.constexpr):  # fmt: skip
     """As `q8_0_chunks` for Q5_0: byte i of a block holds element i (low nibble) and 16 + i (high);
     bit i of qh is element i's fifth bit. A block's 16 quant bytes are two chunks of 8; a thread's
     chunk meets its 8 elements of each half of x."""
@@ -85,7 +80,7 @@ def q5_0_chunks(x_ptr, qs_ptr, qh_ptr, d_ptr, rows, lo, hi, stride_qs, stride_qh
     for b0 in range(lo, hi, NB):
         w_lo, w_hi, d = q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, rows, b0, hi, stride_qs, stride_qh,
                                            stride_d, NB)  # fmt: skip
-        acc = q5_0_chunk_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, BLOCK_N, NB, norm_ptr, inv_rms, NORMED)
+        acc = q5_0_chunk_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, BLOCK_N, NB)
     return tl.sum(tl.sum(acc, 2), 1)
 
 
@@ -107,8 +102,7 @@ def q5_0_chunk_weights(qs_ptr, qh_ptr, d_ptr, rows, b0, hi, stride_qs, stride_qh
 
 
 @triton.jit
-def q5_0_chunk_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, BLOCK_N: tl.constexpr, NB: tl.constexpr,
-                   norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+def q5_0_chunk_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, BLOCK_N: tl.constexpr, NB: tl.constexpr):
     """acc plus the chunk sums of x times the halves decoded by `q5_0_chunk_weights`."""
     blk = b0 + tl.arange(0, NB)
     bm = blk < hi
@@ -118,6 +112,6 @@ def q5_0_chunk_dot(acc, x_ptr, w_lo, w_hi, d, b0, hi, BLOCK_N: tl.constexpr, NB:
         + _in_block(bm, 2)[None, :, :, :]
         + tl.zeros((BLOCK_N, 1, 1, 1), tl.int32)
     )
-    x_lo = load_x(x_ptr, None, x_at, m4, False, norm_ptr, inv_rms, NORMED)
-    x_hi = load_x(x_ptr, None, x_at + 16, m4, False, norm_ptr, inv_rms, NORMED)
+    x_lo = tl.load(x_ptr + x_at, mask=m4, other=0).to(tl.float32)
+    x_hi = tl.load(x_ptr + x_at + 16, mask=m4, other=0).to(tl.float32)
     return acc + tl.sum(w_lo * x_lo + w_hi * x_hi, 3) * d

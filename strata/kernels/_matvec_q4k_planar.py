@@ -13,7 +13,7 @@ import triton.language as tl
 
 from strata.kernels._bits import add_to_row3, exact_float, fp16_halves, row_at, split_range, store_rows
 from strata.kernels.pdl import await_inputs
-from strata.kernels.x_loads import load_x, row_inverse_rms
+from strata.kernels.x_loads import load_x
 
 
 @triton.jit
@@ -57,8 +57,7 @@ def _loads(
 
 @triton.jit
 def _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin,
-          M: tl.constexpr, M_PAD: tl.constexpr, GATED: tl.constexpr,
-          norm_ptr, inv_rms, NORMED: tl.constexpr):  # fmt: skip
+          M: tl.constexpr, M_PAD: tl.constexpr, GATED: tl.constexpr):  # fmt: skip
     """acc (M_PAD, BLOCK_N, NS) += each row's dot with x over sub-blocks s, per sub-block; x as
     `x_loads.load_x` loads it."""
     ir = tl.arange(0, 4)
@@ -70,7 +69,7 @@ def _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin,
         dot = tl.zeros(words.shape, tl.float32)
         xsum = tl.zeros((s.shape[0], 4), tl.float32)
         for i in tl.static_range(8):
-            xi = load_x(x_ptr, up_ptr, x_at + 4 * i, sv[:, None], GATED, norm_ptr, inv_rms, NORMED)
+            xi = load_x(x_ptr, up_ptr, x_at + 4 * i, sv[:, None], GATED)
             xsum += xi
             # q * 16^p exactly from the nibble masked in place (p = i, or i - 3 after the shift);
             # x * 16^-p is exact too, so each product is q * x.
@@ -91,14 +90,11 @@ def q4_k_planar_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, PAIRED_DM: tl.constexpr = False,
     up_ptr=None, GATED: tl.constexpr = False,
-    norm_ptr=None, eps=0.0, NORMED: tl.constexpr = False, BLOCK_H: tl.constexpr = 1,
     ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
 ):  # fmt: skip
-    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x; with NORMED (M = 1)
-    RMSNorm(x) with weight norm_ptr. ADD: out += y (`_bits.added`). PAIRED_DM, ROWS: see `_loads`."""
+    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x. ADD: out += y
+    (`_bits.added`). PAIRED_DM, ROWS: see `_loads`."""
     await_inputs(PDL)
-    # Passed one by one: a tuple holding None (norm_ptr unset) fails to compile inside the loops.
-    inv_rms = row_inverse_rms(x_ptr, K, eps, NORMED, BLOCK_H)
     # qs is the int32 view: sub-block s is words 4s..4s+3, and nibble i of word r is element 4i + r.
     NS: tl.constexpr = BLOCK_K // 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -119,10 +115,7 @@ def q4_k_planar_matvec_kernel(
             w_n, sc_n, mn_n, d_n, dmin_n = _loads(
                 qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, sn, sn < hi, *strides, False, PAIRED_DM, ROWS
             )
-            acc = _step(
-                acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED,
-                norm_ptr, inv_rms, NORMED,
-            )  # fmt: skip
+            acc = _step(acc, x_ptr, up_ptr, stride_xm, s, s < hi, words, sc, mn, d, dmin, M, M_PAD, GATED)
             words, sc, mn, d, dmin = w_n, sc_n, mn_n, d_n, dmin_n
     else:
         for s0 in range(lo, hi, NS):
@@ -131,10 +124,7 @@ def q4_k_planar_matvec_kernel(
             words, sc, mn, d, dmin = _loads(
                 qs_ptr, sc_ptr, mn_ptr, dm_ptr, rc, s, sv, *strides, False, PAIRED_DM, ROWS
             )
-            acc = _step(
-                acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED,
-                norm_ptr, inv_rms, NORMED,
-            )  # fmt: skip
+            acc = _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED)
     acc = tl.sum(acc, 2)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
                M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip

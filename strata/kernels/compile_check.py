@@ -108,14 +108,9 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 out.append((f"{kernel.__name__} {name} pdl preload", kernel, preload, pointers))
                 preload = dict(preload, MATCHED=True)
                 out.append((f"{kernel.__name__} {name} pdl preload matched", kernel, preload, pointers))
-                # The default tile of the 0.5B's matvecs (8 x 1,024, 8 warps), normed, with bias and added.
-                full = dict(
-                    preload, BLOCK_N=8, BLOCK_K=1024, HAS_BIAS=True, NORMED=True, ADD=True, NUM_WARPS=8
-                )
-                norm = {**pointers, "norm_ptr": "*fp32", "eps": "fp32"}
-                out.append(
-                    (f"{kernel.__name__} {name} pdl preload matched 8x1024 normed", kernel, full, norm)
-                )
+                # The default tile of the 0.5B's matvecs (8 x 1,024, 8 warps), with bias and added.
+                full = dict(preload, BLOCK_N=8, BLOCK_K=1024, HAS_BIAS=True, ADD=True, NUM_WARPS=8)
+                out.append((f"{kernel.__name__} {name} pdl preload matched 8x1024", kernel, full, pointers))
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
             (q8_0_matvec_kernel, {**u8, "qs_ptr": "*i8"}),
@@ -144,8 +139,6 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         added = dict(tile, ADD=True)
         out.append((f"q8_0_matvec_kernel {name} add", q8_0_matvec_kernel, added, {**u8, "qs_ptr": "*i8"}))
         out.append((f"Q4_K int8 {name} add", q4_k_int8_matvec_kernel, dict(int8, ADD=True), {}))
-        if m == 1:
-            out += normed_variants(tile, name, u8, u8q5)
     return (
         out
         + rows_variants()
@@ -199,33 +192,6 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
             preload = dict(consts, PRELOAD=True)
             out.append((f"{name} preload", q4_k_rows_int8_matvec_kernel, preload, pointers))
     return out
-
-
-def normed_variants(
-    tile: dict[str, Any], name: str, u8: dict[str, str], u8q5: dict[str, str]
-) -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
-    """The fp32-x matvecs with the RMSNorm in their x loads (`x_loads`), at the 0.5B's hidden size."""
-    from strata.kernels._matvec_kquant import q6_k_matvec_kernel
-    from strata.kernels._matvec_legacy import q5_0_matvec_kernel, q8_0_matvec_kernel
-    from strata.kernels._matvec_q4k_planar import q4_k_planar_matvec_kernel
-
-    normed = dict(tile, NORMED=True, BLOCK_H=1024)
-    norm = {"norm_ptr": "*fp32", "eps": "fp32"}
-    q8_0, q5_0 = {**u8, "qs_ptr": "*i8", **norm}, {**u8q5, **norm}
-    return [
-        (f"q8_0_matvec_kernel {name} normed", q8_0_matvec_kernel, normed, q8_0),
-        (f"q8_0_matvec_kernel {name} normed matched", q8_0_matvec_kernel, dict(normed, MATCHED=True), q8_0),
-        (f"q5_0_matvec_kernel {name} normed", q5_0_matvec_kernel, normed, q5_0),
-        (f"q5_0_matvec_kernel {name} normed flat_acc", q5_0_matvec_kernel, dict(normed, FLAT_ACC=True), q5_0),
-        (f"q5_0_matvec_kernel {name} normed matched", q5_0_matvec_kernel, dict(normed, MATCHED=True), q5_0),
-        (
-            f"Q4_K planar {name} normed prefetch",
-            q4_k_planar_matvec_kernel,
-            dict(normed, PREFETCH=True),
-            {"qs_ptr": "*i32", **norm},
-        ),
-        (f"q6_k_matvec_kernel {name} normed", q6_k_matvec_kernel, normed, {**u8, "sc_ptr": "*i8", **norm}),
-    ]
 
 
 def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:

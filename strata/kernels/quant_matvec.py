@@ -33,7 +33,6 @@ from strata.kernels.matvec_checks import check_flags
 from strata.kernels.matvec_tiles import env_tile
 from strata.kernels.pdl import launch_args
 from strata.kernels.quant_pack import PackedQuantWeight, pack_quant_weight, rows_planes
-from strata.kernels.rms_norm import _MAX_BLOCK, rms_norm
 from strata.kernels.split_locks import split_locks
 
 _T = GGMLQuantizationType
@@ -209,7 +208,6 @@ def quant_matvec(
     up: torch.Tensor | None = None,
     act: str = "silu",
     x_int8: dict[bool, Int8X] | None = None,
-    norm: tuple[torch.Tensor, float] | None = None,
     accumulate: bool = False,
     kv: KVWrite | None = None,
 ) -> torch.Tensor:
@@ -221,10 +219,7 @@ def quant_matvec(
     runs, or (silu) inside the fp32 x loads of Q4_K's planar and Q6_K's kernels (no launch of its own),
     else by that module first. `x_int8`: x already quantized, by order
     (True planar), as `quantize_x` would (e.g. by `rms_norm_int8`); used where the int8 path runs.
-    `norm` (weight (k,), eps): the input is the RMSNorm of x, as `rms_norm.rms_norm` computes it; the
-    kernel normalizes x as it loads it where `takes_norm` says so (1 / rms from the whole row in every
-    program: within fp32 rounding of the norm's own launch, see `x_loads`), else the norm launches
-    first. `accumulate`: out += y (out given; e.g. a residual stream), rounded as torch's `out + y`
+    `accumulate`: out += y (out given; e.g. a residual stream), rounded as torch's `out + y`
     for y in out's dtype, in the matvec's store. `kv`: y's rows are a decode step's q, k, v (as
     `kv.q_rows`, `kv.k_rows` say), stored rotated and written to the caches (`kv_in_matvec`; one row
     tile a program, not with `accumulate`; the kernels `writes_kv` names).
@@ -287,13 +282,6 @@ def quant_matvec(
         )
     int8_x = by_default if cfg.int8_x is None else cfg.int8_x
     extra: dict[str, object] = {"ADD": accumulate}
-    if norm is not None:
-        if up is not None:
-            raise ValueError("norm and up cannot go together: the matvec normalizes x or gates it, not both")
-        if m == 1 and not int8_x and _norm_kernel(packed) and k <= _MAX_BLOCK:
-            extra |= _norm_loads(norm, x)
-        else:
-            x, x_int8 = rms_norm(x, *norm), None  # an int8 copy given was made from x, not its norm
     if up is not None and not int8_x:
         # SwiGLU inside the fp32 x loads of Q4_K (planar) and Q6_K (the same bits, no launch of its own).
         if (planar or qtype == _T.Q6_K) and act == "silu" and up.stride(0) == x.stride(0):
@@ -369,14 +357,6 @@ def quant_matvec(
     return out
 
 
-def takes_norm(w: PackedQuantWeight, x_dtype: torch.dtype, m: int) -> bool:
-    """Whether `quant_matvec(x, w, ..., norm=...)` normalizes x in its own loads (no launch for the
-    norm): one row of 16/32-bit x multiplied as it is (not int8; STRATA_INT8_X) by a Q8_0, Q5_0,
-    Q6_K or planar Q4_K weight, K at most 8,192 (the norm's widest row in one tile)."""
-    int8 = x_dtype != torch.float32 and int8_order(w) is not None
-    return m == 1 and not int8 and _norm_kernel(w) and w.k <= _MAX_BLOCK
-
-
 def writes_kv(w: PackedQuantWeight, x_dtype: torch.dtype, rotates: bool, head_dim: int) -> bool:
     """Whether `quant_matvec(x, w, ..., kv=...)` can write K/V in its store for rows of x_dtype:
     rows of q or k (`rotates`) in Q5_0's and Q8_0's kernels (fp32 and int8 x) and Q4_K's planar int8 kernel,
@@ -392,23 +372,6 @@ def _kv_path(w: PackedQuantWeight, int8_x: bool, own_tile: bool) -> str | None:
     if int8_x and w.layout == "rows" and own_tile:
         return None if w.planar else "rows"
     return "tile" if w.qtype in (_T.Q5_0, _T.Q8_0) or (int8_x and w.planar) else None
-
-
-def _norm_kernel(w: PackedQuantWeight) -> bool:
-    """Whether w's fp32-x kernel takes NORMED loads (`x_loads`)."""
-    return w.planar or w.qtype in (_T.Q8_0, _T.Q5_0, _T.Q6_K)
-
-
-def _norm_loads(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> dict[str, object]:
-    """The launch arguments of NORMED loads: the norm's weight, eps and the tile of x's whole row."""
-    weight, eps = norm
-    k = x.shape[1]
-    if weight.shape != (k,) or weight.stride(0) != 1 or weight.device != x.device:
-        raise ValueError(
-            f"norm's weight must be a contiguous ({k},) tensor on {x.device} like x's rows, "
-            f"got {tuple(weight.shape)} on {weight.device}"
-        )
-    return {"norm_ptr": weight, "eps": float(eps), "NORMED": True, "BLOCK_H": triton.next_power_of_2(k)}
 
 
 def _check_gated(x: torch.Tensor, up: torch.Tensor, act: str) -> None:

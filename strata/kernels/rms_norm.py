@@ -23,7 +23,7 @@ _MAX_BLOCK = 8192
 @triton.jit
 def inverse_rms(sum_of_squares, H, eps):
     """1 / rms of a row of H values from their fp32 sum of squares: the norm's one formula, which
-    `x_loads.row_inverse_rms` (the norm inside a matvec's x loads) shares."""
+    `rms_norm_int8` shares."""
     return tl.math.rsqrt(sum_of_squares / H + eps)
 
 

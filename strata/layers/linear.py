@@ -22,7 +22,6 @@ from strata.quant import dequantize
 if TYPE_CHECKING:
     from strata.kernels.kv_in_matvec import KVWrite
     from strata.kernels.quant_pack import PackedQuantWeight
-    from strata.layers.norm import RMSNorm
 
 
 # Output rows from which a weight counts as wide (7B: gate+up, the output head; not q, k, v, o, down).
@@ -169,18 +168,12 @@ class QuantLinear(nn.Module):
         up: torch.Tensor | None = None,
         act: str = "silu",
         *,
-        norm: RMSNorm | None = None,
-        add_to: torch.Tensor | None = None,
         kv: KVWrite | None = None,
     ) -> torch.Tensor:
         """x W^T + b; with `up`, of the gated activation act(x) * up (`act` "silu" or "gelu_tanh"), which
         the matvec computes inside x's int8 quantization where it can (`strata.env.act_in_quant`).
-        With `norm`, of norm(x), which the matvec computes as it loads x where it can (`takes_norm`).
-        With `add_to` (the output's shape and dtype), returns add_to after adding the output to it in
-        place, in the matvec's store where it can. With `kv` (where `writes_kv`), the output's rows are a
-        decode step's q, k, v, rotated and written to the cache in the matvec's store (`kv_in_matvec`)."""
-        if norm is not None and (up is not None or not self.takes_norm(x)):
-            x, norm = norm.normed(x), None
+        With `kv` (where `writes_kv`), the output's rows are a decode step's q, k, v, rotated and
+        written to the cache in the matvec's store (`kv_in_matvec`)."""
         rows = x.numel() // max(1, x.shape[-1])
         if up is not None and not (
             self.act_in_quant and self.packed is not None and self.pad is None and rows <= self.matvec_rows
@@ -189,20 +182,10 @@ class QuantLinear(nn.Module):
         if self.pad is not None:
             x = F.pad(x, self.pad)  # (..., in_features): this rank's columns in its window, zeros around
         if not self.all_reduce:
-            return self._partial(x, up, act, norm, add_to, kv)
+            return self._partial(x, up, act, kv)
         if kv is not None:
             raise ValueError("a row-parallel projection cannot write K/V in its matvec (see writes_kv)")
-        y = all_reduce(self._partial(x, up, act), self.tp)
-        return y if add_to is None else add_to.add_(y)
-
-    def takes_norm(self, x: torch.Tensor) -> bool:
-        """Whether the matvec normalizes x as it loads it (`forward`'s norm): one row of x, whole (not a
-        row-parallel rank's part of it), a type whose fp32-x kernel does it (`quant_matvec.takes_norm`)."""
-        if self.packed is None or self.pad is not None or self.all_reduce or x.numel() != x.shape[-1]:
-            return False
-        from strata.kernels.quant_matvec import takes_norm
-
-        return takes_norm(self.packed, x.dtype, 1)
+        return all_reduce(self._partial(x, up, act), self.tp)
 
     def int8_orders(self) -> tuple[bool, ...]:
         """The order in which this matvec quantizes 16-bit x (`int8_inputs.int8_order`), if it does: ()
@@ -230,16 +213,13 @@ class QuantLinear(nn.Module):
         x: torch.Tensor,
         up: torch.Tensor | None = None,
         act: str = "silu",
-        norm: RMSNorm | None = None,
-        add_to: torch.Tensor | None = None,
         kv: KVWrite | None = None,
     ) -> torch.Tensor:
-        """x W^T + b with this rank's W (all of it on one rank); `up`, `norm` and `kv` only on the
-        matvec's rows (norm where `takes_norm`, kv where `writes_kv`); with `add_to`, that plus the
-        output, in place."""
+        """x W^T + b with this rank's W (all of it on one rank); `up` and `kv` only on the matvec's rows
+        (kv where `writes_kv`)."""
         if self.packed is None:
             assert self.weight is not None
-            return _added(F.linear(x, self.weight, self.bias), add_to)
+            return F.linear(x, self.weight, self.bias)
         from strata.kernels.int8_inputs import attached_int8
         from strata.kernels.quant_matvec import quant_matvec
 
@@ -248,13 +228,10 @@ class QuantLinear(nn.Module):
             n, k = self.out_features, self.in_features
             gate_up = None if up is None else up.reshape(-1, self.in_features)
             pre = attached_int8(x)  # x quantized by the norm that made it (`RMSNorm.quantize_for`)
-            out = None if add_to is None else add_to.view(-1, n)
             y = quant_matvec(
-                flat, self.packed, self.qtype, n, k, bias=self.bias, up=gate_up, act=act, x_int8=pre,
-                norm=None if norm is None else (norm.weight, norm.eps), out=out, accumulate=out is not None,
-                kv=kv,
-            )  # fmt: skip
-            return y.view(*x.shape[:-1], self.out_features) if add_to is None else add_to
+                flat, self.packed, self.qtype, n, k, bias=self.bias, up=gate_up, act=act, x_int8=pre, kv=kv
+            )
+            return y.view(*x.shape[:-1], self.out_features)
         if kv is not None:
             raise ValueError(
                 f"a K/V write needs the matvec's rows (at most {self.matvec_rows}), got {flat.shape[0]}"
@@ -272,7 +249,7 @@ class QuantLinear(nn.Module):
             from strata.kernels.dequant_packed import dequantize_packed
 
             y = F.linear(flat, dequantize_packed(self.packed, flat.dtype), self.bias)
-        return _added(y.view(*x.shape[:-1], self.out_features), add_to)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         path = "fused kernels" if self.packed is not None else "dense"
@@ -282,11 +259,6 @@ class QuantLinear(nn.Module):
         return (
             f"{self.in_features} -> {self.out_features}, {self.qtype.name}, {path}, bias={bias}{reduce}{pad}"
         )
-
-
-def _added(y: torch.Tensor, add_to: torch.Tensor | None) -> torch.Tensor:
-    """y, or add_to after add_to += y (torch's `add_to + y`, as the matvec's store adds)."""
-    return y if add_to is None else add_to.add_(y)
 
 
 def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
@@ -366,27 +338,20 @@ class Projections(nn.Module):
             start += part.out_features
         return True
 
-    def forward(
-        self, x: torch.Tensor, norm: RMSNorm | None = None, kv: KVWrite | None = None
-    ) -> list[torch.Tensor]:
-        """Each projection of x, or with `norm` of norm(x): normalized in each part's matvec loads where
-        every part can (`QuantLinear.takes_norm`), else once, first. With `kv` (where `writes_kv`), the
-        outputs are q, k, v, written to the cache by the parts' matvecs (`kv.q_rows` and `kv.k_rows`
-        for all of them)."""
+    def forward(self, x: torch.Tensor, kv: KVWrite | None = None) -> list[torch.Tensor]:
+        """Each projection of x. With `kv` (where `writes_kv`), the outputs are q, k, v, written to the
+        cache by the parts' matvecs (`kv.q_rows` and `kv.k_rows` for all of them)."""
         parts = list(self.parts.values())
         kvs = [None] * len(parts) if kv is None else kv.parts([sum(sizes) for sizes in self.sizes])
-        if norm is not None and not all(isinstance(p, QuantLinear) and p.takes_norm(x) for p in parts):
-            x, norm = norm.normed(x), None
         rows = x.numel() // max(1, x.shape[-1])
         if self.stacked is not None and rows >= self.stacked[2] and x.dtype == self.stacked[0].dtype:
-            # norm: applied above (a matvec takes it on one row only, `takes_norm`); kv: see `writes_kv`
-            assert norm is None and kv is None
+            assert kv is None  # see `writes_kv`
             y = F.linear(x, self.stacked[0], self.stacked[1])
             return list(y.split([n for sizes in self.sizes for n in sizes], dim=-1))
         if self.concurrent and x.is_cuda and rows <= self.matvec_rows:
-            ys = _side_by_side(x, parts, norm, kvs)
+            ys = _side_by_side(x, parts, kvs)
         else:
-            ys = [_run(part, x, norm, part_kv) for part, part_kv in zip(parts, kvs, strict=True)]
+            ys = [_run(part, x, part_kv) for part, part_kv in zip(parts, kvs, strict=True)]
         outs: list[torch.Tensor] = []
         for y, sizes in zip(ys, self.sizes, strict=True):
             outs.extend(y.split(sizes, dim=-1) if len(sizes) > 1 else (y,))
@@ -397,7 +362,7 @@ _SIDE_STREAMS: dict[torch.device, list[torch.cuda.Stream]] = {}
 
 
 def _side_by_side(
-    x: torch.Tensor, parts: Sequence[nn.Module], norm: RMSNorm | None, kvs: Sequence[KVWrite | None]
+    x: torch.Tensor, parts: Sequence[nn.Module], kvs: Sequence[KVWrite | None]
 ) -> list[torch.Tensor]:
     """Each part of x on a stream of its own, the first on the current one, which then waits for the
     others (under graph capture: parallel branches joined again). Every side stream first waits for
@@ -412,8 +377,8 @@ def _side_by_side(
     for i, (part, side) in enumerate(zip(parts[1:], sides, strict=False), start=1):
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            ys[i] = _run(part, x, norm, kvs[i])
-    ys[0] = _run(parts[0], x, norm, kvs[0])
+            ys[i] = _run(part, x, kvs[i])
+    ys[0] = _run(parts[0], x, kvs[0])
     for side in sides[: len(parts) - 1]:
         main.wait_stream(side)
     return ys
@@ -449,12 +414,9 @@ def _cat_biases(layers: Sequence[QuantLinear], place: Placement) -> torch.Tensor
     return torch.cat([z if x.bias is None else x.bias.data for x, z in zip(layers, zeros, strict=True)])
 
 
-def _run(part: nn.Module, x: torch.Tensor, norm: RMSNorm | None, kv: KVWrite | None = None) -> torch.Tensor:
-    """The part's output for x, or for norm(x) computed in its loads, with its K/V write
-    (`QuantLinear.forward`)."""
-    if kv is not None:
-        return part(x, norm=norm, kv=kv)
-    return part(x) if norm is None else part(x, norm=norm)
+def _run(part: nn.Module, x: torch.Tensor, kv: KVWrite | None = None) -> torch.Tensor:
+    """The part's output for x, with its K/V write where given (`QuantLinear.forward`)."""
+    return part(x) if kv is None else part(x, kv=kv)
 
 
 def _widened(layers: dict[str, QuantLinear], place: Placement) -> dict[str, QuantLinear]:

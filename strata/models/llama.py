@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from strata import env
 from strata.engine.kv_cache import AttentionMetadata, KVCache
 from strata.gguf.reader import GGUFFile
 from strata.gguf.spec import ModelSpec
@@ -43,21 +42,17 @@ class LlamaBlock(nn.Module):
         self.ffn_down = QuantLinear.load(gguf, f"{p}.ffn_down", place)
         self.attn_norm.quantize_for(self.qkv_proj)
         self.ffn_norm.quantize_for(self.gate_up)
-        self.norm_in_matvec = place.kernels and env.norm_in_matvec()
         rotary = RotaryEmbedding(spec.rope_dim, spec.rope_base, spec.rope_layout, spec.rope_scale)
         self.attn = Attention(
             layer, self.num_heads, self.num_kv_heads, spec.attn_scale, None, rotary, place.kernels
         )
         self.attn.quantize_for(self.attn_output)
 
-    def qkv(
-        self, h: torch.Tensor, norm: RMSNorm | None = None, kv_write: KVWrite | None = None
-    ) -> tuple[torch.Tensor, ...]:
+    def qkv(self, h: torch.Tensor, kv_write: KVWrite | None = None) -> tuple[torch.Tensor, ...]:
         """(num_tokens, hidden) -> q (tokens, heads, dim), k and v (tokens, kv_heads, dim), not rotated;
-        with `norm`, of norm(h) (`Projections.forward`); with `kv_write`, q rotated and K/V written to
-        the cache instead (`Attention.kv_write`)."""
+        with `kv_write`, q rotated and K/V written to the cache instead (`Attention.kv_write`)."""
         n = h.shape[0]
-        q, k, v = self.qkv_proj(h, norm, kv_write)
+        q, k, v = self.qkv_proj(h, kv_write)
         return (
             q.view(n, self.num_heads, self.spec.head_dim),
             k.view(n, self.num_kv_heads, -1),
@@ -72,10 +67,7 @@ class LlamaBlock(nn.Module):
         self, x: torch.Tensor, delta: torch.Tensor | None, kv: KVCache, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The stream comes in and goes out as x + delta (delta None before the first block), so each
-        residual add is fused into the norm that follows it; or, for one row under
-        STRATA_NORM_IN_MATVEC, updated in place (`_one_row`)."""
-        if self.norm_in_matvec and x.shape[0] == 1:
-            return self._one_row(x if delta is None else x + delta, kv, meta)
+        residual add is fused into the norm that follows it."""
         h, x = self.attn_norm.add_and_norm(delta, x)
         write = self.kv_write(h, kv, meta)
         q, k, v = self.qkv(h, kv_write=write)
@@ -83,17 +75,6 @@ class LlamaBlock(nn.Module):
         h, x = self.ffn_norm.add_and_norm(self.attn_output(attended), x)
         gate, up = self.gate_up(h)
         return x, self.ffn_down(gate, up, "silu")
-
-    def _one_row(self, x: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> tuple[torch.Tensor, None]:
-        """The block for one row of x, which it updates in place: each norm computed inside the loads of
-        the projections it feeds, where they can (else launched first), and each residual add inside
-        the store of the projection before it; nothing is left to add (delta None)."""
-        write = self.kv_write(x, kv, meta)
-        q, k, v = self.qkv(x, self.attn_norm, write)
-        self.attn_output(self.attn(q, k, v, kv, meta, written=write is not None), add_to=x)
-        gate, up = self.gate_up(x, self.ffn_norm)
-        self.ffn_down(gate, up, "silu", add_to=x)
-        return x, None
 
 
 class LlamaModel(DecoderModel):

@@ -29,11 +29,9 @@ class Qwen3Block(LlamaBlock):
         would do first."""
         return None
 
-    def qkv(
-        self, h: torch.Tensor, norm: RMSNorm | None = None, kv_write: KVWrite | None = None
-    ) -> tuple[torch.Tensor, ...]:
+    def qkv(self, h: torch.Tensor, kv_write: KVWrite | None = None) -> tuple[torch.Tensor, ...]:
         assert kv_write is None  # see kv_write
-        q, k, v = super().qkv(h, norm)
+        q, k, v = super().qkv(h)
         return self.attn_q_norm(q), self.attn_k_norm(k), v
 
 
