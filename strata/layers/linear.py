@@ -174,7 +174,7 @@ class QuantLinear(nn.Module):
         the matvec computes inside x's int8 quantization where it can (`strata.env.act_in_quant`).
         With `kv` (where `writes_kv`), the output's rows are a decode step's q, k, v, rotated and
         written to the cache in the matvec's store (`kv_in_matvec`)."""
-        rows = x.numel() // max(1, x.shape[-1])
+        rows = _rows(x)
         if up is not None and not (
             self.act_in_quant and self.packed is not None and self.pad is None and rows <= self.matvec_rows
         ):
@@ -201,7 +201,7 @@ class QuantLinear(nn.Module):
         """Whether `forward(x, kv=...)` writes K/V in the matvec's store (`quant_matvec.writes_kv`): rows
         of x few enough for the matvec, the weight neither padded nor row-parallel; `rotates`: rows of
         q or k, in heads of `head_dim`."""
-        rows = x.numel() // max(1, x.shape[-1])
+        rows = _rows(x)
         if self.packed is None or self.pad is not None or self.all_reduce or rows > self.matvec_rows:
             return False
         from strata.kernels.quant_matvec import writes_kv
@@ -259,6 +259,11 @@ class QuantLinear(nn.Module):
         return (
             f"{self.in_features} -> {self.out_features}, {self.qtype.name}, {path}, bias={bias}{reduce}{pad}"
         )
+
+
+def _rows(x: torch.Tensor) -> int:
+    """The rows of x as its matvec sees them: every dimension but the last (0 for an empty last one)."""
+    return x.numel() // max(1, x.shape[-1])
 
 
 def stack_rows(layers: Sequence[QuantLinear], place: Placement) -> QuantLinear:
@@ -328,7 +333,7 @@ class Projections(nn.Module):
     def writes_kv(self, x: torch.Tensor, q_rows: int, k_rows: int, head_dim: int) -> bool:
         """Whether every part's matvec takes a K/V write (`QuantLinear.writes_kv`) for x, the outputs'
         first `q_rows` rows being q's, the next `k_rows` k's, in heads of `head_dim`."""
-        rows = x.numel() // max(1, x.shape[-1])
+        rows = _rows(x)
         if self.stacked is not None and rows >= self.stacked[2]:
             return False
         start = 0
@@ -343,7 +348,7 @@ class Projections(nn.Module):
         cache by the parts' matvecs (`kv.q_rows` and `kv.k_rows` for all of them)."""
         parts = list(self.parts.values())
         kvs = [None] * len(parts) if kv is None else kv.parts([sum(sizes) for sizes in self.sizes])
-        rows = x.numel() // max(1, x.shape[-1])
+        rows = _rows(x)
         if self.stacked is not None and rows >= self.stacked[2] and x.dtype == self.stacked[0].dtype:
             assert kv is None  # see `writes_kv`
             y = F.linear(x, self.stacked[0], self.stacked[1])
