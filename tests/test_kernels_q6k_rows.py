@@ -134,11 +134,6 @@ def test_q6k_rows_layout_through_quant_matvec(m: int):
     x = torch.randn(m, k, device=DEVICE).bfloat16()
     w = dequantize_packed(blocks, torch.float32)
     assert close(quant_matvec(x, rows, T.Q6_K, n, k), quant_matvec(x, blocks, T.Q6_K, n, k), x, w)
-    base = torch.randn(m, n, device=DEVICE).bfloat16()
-    added = quant_matvec(x, rows, T.Q6_K, n, k, out=base.clone(), accumulate=True)
-    want = quant_matvec(x, blocks, T.Q6_K, n, k, out=base.clone(), accumulate=True)
-    # The residual add rounds y before adding (as torch's out + y): a bf16 ulp of y either way.
-    assert (added.double() - want.double()).abs().le(0.02 * want.double().abs() + 1e-5 * bound(x, w)).all()
     xf = x.float()
     assert torch.equal(quant_matvec(xf, rows, T.Q6_K, n, k), quant_matvec(xf, blocks, T.Q6_K, n, k))
     cfg = MatvecConfig(16, 256, 2)

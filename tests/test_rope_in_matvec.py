@@ -148,9 +148,6 @@ def test_where_it_cannot_go():
         quant_matvec(x, w, T.Q5_0, w.n, 256, kv=kv, config=MatvecConfig(64, 256))
     with pytest.raises(ValueError, match="whole heads"):
         quant_matvec(x, w, T.Q5_0, w.n, 256, kv=kv.part(q_rows + 8, k_rows))
-    with pytest.raises(ValueError, match="accumulate"):
-        quant_matvec(x, w, T.Q5_0, w.n, 256, kv=kv, out=torch.zeros(1, w.n, dtype=x.dtype, device=DEVICE),
-                     accumulate=True)  # fmt: skip
     with pytest.raises(ValueError, match="contiguous"):
         strided = torch.full((SLOTS, 1, 64), float("nan"), dtype=x.dtype, device=DEVICE)[..., ::2]
         quant_matvec(x, w, T.Q5_0, w.n, 256, kv=KVWrite(positions, slots, inv_freq, strided, caches[1],

@@ -85,7 +85,6 @@ def store_rows(
     b_ptr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    ADD: tl.constexpr = False,
     kv=None,
     KV_Q: tl.constexpr = 0,
     KV_K: tl.constexpr = 0,
@@ -94,9 +93,9 @@ def store_rows(
     BLOCK_N: tl.constexpr = 1,
 ):
     """Write the (M_PAD, BLOCK_N) accumulator, plus the bias b[rows] when there is one, to out[m, rows]
-    (row stride stride_ym), rounding once to out's dtype; with ADD, add that to what out holds
-    (`added`). HEAD_DIM > 0: the store of `kv_in_matvec.store_kv` (the rotary embedding and the K/V
-    write; not with ADD), `kv` and the constants after it its arguments.
+    (row stride stride_ym), rounding once to out's dtype. HEAD_DIM > 0: the store of
+    `kv_in_matvec.store_kv` (the rotary embedding and the K/V write), `kv` and the constants after it
+    its arguments.
 
     Under split-K the partials go through the workspace y[split, m, rows] (split stride stride_ys,
     row stride stride_ym) and `sum_splits`, per row tile."""
@@ -107,50 +106,40 @@ def store_rows(
     if HAS_BIAS:
         bias = tl.load(b_ptr + rows, mask=rows < N, other=0).to(tl.float32)[None, :]
     if SPLIT_K == 1:
-        _store(out_ptr, at, inside, acc + bias, ADD, rows, kv, M, M_PAD, BLOCK_N, KV_Q, KV_K, HEAD_DIM,
-               INTERLEAVED)  # fmt: skip
+        _store(
+            out_ptr, at, inside, acc + bias, rows, kv, M, M_PAD, BLOCK_N, KV_Q, KV_K, HEAD_DIM, INTERLEAVED
+        )
     else:
         sum_splits(
-            y_ptr, out_ptr, lock_ptr, acc, at, at, inside, tl.program_id(0), stride_ys, bias, SPLIT_K, ADD,
-            rows, kv, M, M_PAD, BLOCK_N, KV_Q, KV_K, HEAD_DIM, INTERLEAVED,
+            y_ptr, out_ptr, lock_ptr, acc, at, at, inside, tl.program_id(0), stride_ys, bias, SPLIT_K, rows,
+            kv, M, M_PAD, BLOCK_N, KV_Q, KV_K, HEAD_DIM, INTERLEAVED,
         )  # fmt: skip
 
 
 @triton.jit
-def _store(out_ptr, at, inside, value, ADD: tl.constexpr, rows, kv, M: tl.constexpr, M_PAD: tl.constexpr,
+def _store(out_ptr, at, inside, value, rows, kv, M: tl.constexpr, M_PAD: tl.constexpr,
            BLOCK_N: tl.constexpr, KV_Q: tl.constexpr, KV_K: tl.constexpr, HEAD_DIM: tl.constexpr,
            INTERLEAVED: tl.constexpr):  # fmt: skip
-    """out[at] = `value` rounded (`added`), or under the K/V write (HEAD_DIM > 0) `store_kv`'s store."""
+    """out[at] = `value` rounded to out's dtype, or under the K/V write (HEAD_DIM > 0) `store_kv`'s
+    store."""
     if HEAD_DIM > 0:
         store_kv(out_ptr, at, inside, value, rows, kv, M, M_PAD, BLOCK_N, KV_Q, KV_K, HEAD_DIM, INTERLEAVED)
     else:
-        tl.store(out_ptr + at, added(out_ptr + at, inside, value, ADD), mask=inside)
-
-
-@triton.jit
-def added(at, inside, value, ADD: tl.constexpr):
-    """fp32 `value` rounded to the dtype at `at`; with ADD, plus what is stored there, rounded again:
-    the residual add of `rms_norm.rms_norm` (torch's `residual + y` compiled; Triton's interpreter
-    rounds its casts to 16 bits toward zero), for y the matvec's rounded output."""
-    y = value.to(at.dtype.element_ty)
-    if ADD:
-        y = (tl.load(at, mask=inside, other=0).to(tl.float32) + y.to(tl.float32)).to(at.dtype.element_ty)
-    return y
+        tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
 def sum_splits(
     y_ptr, out_ptr, lock_ptr, acc, at_ws, at_out, inside, tile, stride_ys, bias, SPLIT_K: tl.constexpr,
-    ADD: tl.constexpr = False, rows=None, kv=None, M: tl.constexpr = 1, M_PAD: tl.constexpr = 1,
+    rows=None, kv=None, M: tl.constexpr = 1, M_PAD: tl.constexpr = 1,
     BLOCK_N: tl.constexpr = 1, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """Split-K without a launch of its own: this split (program_id(1)) stores its fp32 partial tile to
     the workspace y[split] (offsets at_ws, split stride stride_ys), and the last split of the tile to
     finish (counted in lock[tile] by an atomic) sums the partials in split order, adds `bias`, writes
-    out (offsets at_out) rounded once to its dtype (with ADD, added to out's values: `added`) and
-    resets the counter to 0 for the next launch. HEAD_DIM > 0: written by `store_kv` (the arguments
-    after ADD).
+    out (offsets at_out) rounded once to its dtype and resets the counter to 0 for the next launch.
+    HEAD_DIM > 0: written by `store_kv` (the arguments from `rows`).
     The barrier makes this program's partial stores precede its release (the atomic is one thread's);
     the partials are read through L2 (.cg), where the other programs' stores landed."""
     tl.store(y_ptr + tl.program_id(1) * stride_ys + at_ws, acc, mask=inside)
@@ -159,6 +148,6 @@ def sum_splits(
         total = tl.zeros_like(acc)
         for s in tl.static_range(SPLIT_K):
             total += tl.load(y_ptr + s * stride_ys + at_ws, mask=inside, other=0, cache_modifier=".cg")
-        _store(out_ptr, at_out, inside, total + bias, ADD, rows, kv, M, M_PAD, BLOCK_N, KV_Q, KV_K, HEAD_DIM,
+        _store(out_ptr, at_out, inside, total + bias, rows, kv, M, M_PAD, BLOCK_N, KV_Q, KV_K, HEAD_DIM,
                INTERLEAVED)  # fmt: skip
         tl.store(lock_ptr + tile, 0)

@@ -34,7 +34,7 @@ def q4_k_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_w,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     # A 144-byte block: d fp16, dmin fp16, 12 scale bytes, then 4 chunks of 32 quant bytes; chunk c
@@ -80,7 +80,7 @@ def q4_k_matvec_kernel(
             )
             acc = add_to_row(acc, tl.sum(part, 1), m, M_PAD)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @triton.jit
@@ -91,11 +91,11 @@ def q6_k_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     up_ptr=None, GATED: tl.constexpr = False,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
+    PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
 ):  # fmt: skip
-    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x. ADD: out += y
-    (`_bits.added`). ROWS: the planes are quant_pack's Q6_K "rows" layout with ROWS rows a group (the
-    strides a group's), read through `row_at`."""
+    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x. ROWS: the planes
+    are quant_pack's Q6_K "rows" layout with ROWS rows a group (the strides a group's), read through
+    `row_at`."""
     await_inputs(PDL)
     # Work goes in halves of a super-block (128 elements): half g has ql bytes 64g..64g+63, qh bytes
     # 32g..32g+31 and scales 8g..8g+7. Element 128g + 32s + i (s = 0..3, i = 0..31) takes its low
@@ -137,4 +137,4 @@ def q6_k_matvec_kernel(
                 part = tl.sum(tl.sum(tl.sum(w * xv[None, :, :, :], 3) * scale, 2), 1)
                 acc = add_to_row(acc, part, m, M_PAD)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip

@@ -30,13 +30,12 @@ def q8_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, MATCHED: tl.constexpr = False,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
+    PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
-    """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout. ADD: out += y
-    (`_bits.added`).
+    """MATCHED (M = 1): `_matvec_legacy_matched`'s loop, every load in one thread layout.
     PRELOAD (M = 1, one step a program): the step's weights loaded and decoded before `await_inputs`,
     then the loop's one step on them (the same operations, so the same bits); with MATCHED, the
     matched loop's one step (no layout conversion of x after the wait).
@@ -71,7 +70,7 @@ def q8_0_matvec_kernel(
         acc = _q8_0_rows(x_ptr, qs_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_d,
                          M, M_PAD, BLOCK_N, NB)  # fmt: skip
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
-               SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
+               SPLIT_K, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -82,15 +81,15 @@ def q5_0_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FLAT_ACC: tl.constexpr = False,
     MATCHED: tl.constexpr = False,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
+    PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
     INTERLEAVED: tl.constexpr = False,
 ):  # fmt: skip
     """FLAT_ACC (M = 1): the products are added to a (BLOCK_N, NB, 16) accumulator and summed once
     after the loop, instead of three reductions (one across threads) every step. MATCHED (M = 1):
-    `_matvec_legacy_matched`'s loop, every load in one thread layout. ADD, PRELOAD and the K/V write:
-    as Q8_0's."""
+    `_matvec_legacy_matched`'s loop, every load in one thread layout. PRELOAD and the K/V write: as
+    Q8_0's."""
     NB: tl.constexpr = BLOCK_K // 32
     rows = kv_tile_rows(tl.program_id(0), BLOCK_N, KV_Q + KV_K, HEAD_DIM, INTERLEAVED)
     rc = tl.minimum(rows, N - 1)
@@ -123,7 +122,7 @@ def q5_0_matvec_kernel(
         acc = _q5_0_rows(x_ptr, qs_ptr, qh_ptr, d_ptr, rc, lo, hi, stride_xm, stride_qs, stride_qh, stride_d,
                          M, M_PAD, BLOCK_N, NB, FLAT_ACC)  # fmt: skip
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
-               SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
+               SPLIT_K, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -231,7 +230,7 @@ def q4_0_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     NB: tl.constexpr = BLOCK_K // 32
@@ -259,4 +258,4 @@ def q4_0_matvec_kernel(
             part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * d, 1)
             acc = add_to_row(acc, part, m, M_PAD)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip

@@ -46,7 +46,7 @@ def legacy_int8_matvec_kernel(
     stride_ys, stride_ym, stride_qs, stride_qh, stride_d,
     QTYPE: tl.constexpr, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False, MATCHED: tl.constexpr = False,
+    PDL: tl.constexpr = False, MATCHED: tl.constexpr = False,
     PRELOAD: tl.constexpr = False, LANE_BLOCKS: tl.constexpr = False,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
@@ -96,7 +96,7 @@ def legacy_int8_matvec_kernel(
         acc = _rows(xq_ptr, xd_ptr, qs_ptr, qh_ptr, d_ptr, rc1, lo, hi, n_blocks, stride_qs, stride_qh,
                     stride_d, QTYPE, M, M_PAD, BLOCK_N, NB, USE_ASM)  # fmt: skip
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
-               SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
+               SPLIT_K, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
 
 @triton.jit

@@ -57,7 +57,7 @@ def q2_k_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_w, stride_dm,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     # Work goes in halves of a super-block (128 elements); a block is 80 plane bytes (16 scale bytes,
@@ -94,7 +94,7 @@ def q2_k_matvec_kernel(
                 part = dl * tl.sum(w * xv[None, :, :, :], 3) - ml * tl.sum(xv, 2)[None, :, :]
                 acc = add_to_row(acc, tl.sum(tl.sum(part, 2), 1), m, M_PAD)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @triton.jit
@@ -104,7 +104,7 @@ def iq4_xs_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     # Sub-block t (32 elements) of a row is sub-block j = t % 8 of block t // 8: quant bytes 16t + i
@@ -142,7 +142,7 @@ def iq4_xs_matvec_kernel(
             part = tl.sum((tl.sum(w_lo * x_lo, 2) + tl.sum(w_hi * x_hi, 2)) * dl, 1)
             acc = add_to_row(acc, part, m, M_PAD)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @triton.jit
@@ -166,7 +166,7 @@ def iq2_xs_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_qs, stride_sc, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     # Group g (8 elements) of a row is uint16 quant g: grid row q & 511 signed by the ksigns pattern
@@ -194,7 +194,7 @@ def iq2_xs_matvec_kernel(
             xv = tl.load(x_at, mask=g[:, None] < hi, other=0).to(tl.float32)
             acc = add_to_row(acc, tl.sum(db * tl.sum(w * xv[None, :, :], 2), 1), m, M_PAD)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @triton.jit
@@ -204,7 +204,7 @@ def iq2_s_matvec_kernel(
     stride_xm, stride_ys, stride_ym, stride_w, stride_d,
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     await_inputs(PDL)
     # Group g (8 elements) of a row is group e = g % 32 of block g // 32, whose 80 plane bytes are
@@ -238,4 +238,4 @@ def iq2_s_matvec_kernel(
             xv = tl.load(x_at, mask=g[:, None] < hi, other=0).to(tl.float32)
             acc = add_to_row(acc, tl.sum(db * tl.sum(w * xv[None, :, :], 2), 1), m, M_PAD)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip

@@ -34,7 +34,7 @@ def q4_k_int8_matvec_kernel(
     SCALAR_SCALES: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
     PAIRED_DM: tl.constexpr = False,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
+    PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
     PRELOAD: tl.constexpr = False,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, KV_Q: tl.constexpr = 0, KV_K: tl.constexpr = 0, HEAD_DIM: tl.constexpr = 0,
@@ -101,7 +101,7 @@ def q4_k_int8_matvec_kernel(
                         ROWS_AT_ONCE)  # fmt: skip
     acc = tl.sum(acc, 1)[None, :] if FLAT_ACC else tl.sum(acc, 2)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
-               SPLIT_K, ADD, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
+               SPLIT_K, kv, KV_Q, KV_K, HEAD_DIM, INTERLEAVED, BLOCK_N)  # fmt: skip
 
 
 @triton.jit

@@ -90,10 +90,10 @@ def q4_k_planar_matvec_kernel(
     M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, PAIRED_DM: tl.constexpr = False,
     up_ptr=None, GATED: tl.constexpr = False,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
+    PDL: tl.constexpr = False, ROWS: tl.constexpr = 0,
 ):  # fmt: skip
-    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x. ADD: out += y
-    (`_bits.added`). PAIRED_DM, ROWS: see `_loads`."""
+    """x as `x_loads.load_x` loads it: with GATED silu(x) * up, up laid out like x. PAIRED_DM, ROWS: see
+    `_loads`."""
     await_inputs(PDL)
     # qs is the int32 view: sub-block s is words 4s..4s+3, and nibble i of word r is element 4i + r.
     NS: tl.constexpr = BLOCK_K // 32
@@ -127,4 +127,4 @@ def q4_k_planar_matvec_kernel(
             acc = _step(acc, x_ptr, up_ptr, stride_xm, s, sv, words, sc, mn, d, dmin, M, M_PAD, GATED)
     acc = tl.sum(acc, 2)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip

@@ -69,7 +69,7 @@ def q4_k_rows_int8_matvec_kernel(
     N, K, stride_ys, stride_ym,
     R: tl.constexpr, NB: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
     USE_ASM: tl.constexpr, EVEN: tl.constexpr = False, XVEC: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
     M: tl.constexpr = 1, M_PAD: tl.constexpr = 1, STREAM: tl.constexpr = False, SUBS: tl.constexpr = 8,
     PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
@@ -119,7 +119,7 @@ def q4_k_rows_int8_matvec_kernel(
     sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else tl.sum(acc, 2)
     rows = g * R + tl.arange(0, R)
     store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @triton.jit
@@ -236,11 +236,10 @@ def q4_k_rows_int8_matvec(
     config: RowsConfig,
     *,
     bias: torch.Tensor | None = None,
-    accumulate: bool = False,
     use_asm: bool = True,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """out (M, n) = x @ W^T (+ bias; with `accumulate`, added to out) for M rows of x quantized by
+    """out (M, n) = x @ W^T (+ bias) for M rows of x quantized by
     `int8_inputs.quantize_x(x, planar=True)` (xq, xd, xs) and W's planes as
     `quant_pack.interleave_rows(planes, config.rows)` makes them. Under split-K, `workspace` is (fp32
     partials (split_k, M, n), int32 counters of at least ceil(n / rows), zero)."""
@@ -259,7 +258,7 @@ def q4_k_rows_int8_matvec(
         dm.view(torch.int32), n, k,
         y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, NB=c.step, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm,
-        EVEN=k // (32 * c.subs) % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch, ADD=accumulate,
+        EVEN=k // (32 * c.subs) % c.step == 0, XVEC=c.xvec, PREFETCH=c.prefetch,
         M=m, M_PAD=triton.next_power_of_2(m), STREAM=c.stream, SUBS=c.subs, PRELOAD=c.preload,
         num_warps=c.num_warps, **launch_args(out.device),
     )  # fmt: skip

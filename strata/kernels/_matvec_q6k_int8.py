@@ -112,7 +112,7 @@ def q6_k_int8_matvec_kernel(
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
     SCALAR_SCALES: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
-    ADD: tl.constexpr = False, PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
+    PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
 ):  # fmt: skip
     """ql_ptr and qh_ptr are int32 views (stride in words); every row of x at once (M_PAD of them).
     The products of each 16 elements are kept per (row, half, 16 elements) across the whole K loop and
@@ -188,4 +188,4 @@ def q6_k_int8_matvec_kernel(
                     acc += scale[None, :, :, :] * dot16.to(tl.float32) * dx[:, None, :, None]
     acc = tl.sum(tl.sum(acc, 2), 1)[None, :] if M_PAD == 1 else tl.sum(tl.sum(acc, 3), 2)
     store_rows(y_ptr, out_ptr, lock_ptr, acc, rows, N, stride_ys, stride_ym,
-               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K, ADD)  # fmt: skip
+               M, M_PAD, b_ptr, HAS_BIAS, SPLIT_K)  # fmt: skip

@@ -62,13 +62,13 @@ def q6_k_rows_int8_matvec_kernel(
     xq_ptr, xd_ptr, y_ptr, out_ptr, lock_ptr, b_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr,
     N, K, stride_ys, stride_ym,
     R: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, USE_ASM: tl.constexpr,
-    PREFETCH: tl.constexpr = False, ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
     M: tl.constexpr = 1, M_PAD: tl.constexpr = 1, PRELOAD: tl.constexpr = False,
     kv_pos_ptr=None, kv_slot_ptr=None, kv_freq_ptr=None, k_cache_ptr=None, v_cache_ptr=None, rope_scale=1.0,
     stride_cache=0, HEAD_DIM: tl.constexpr = 0,
 ):  # fmt: skip
     """Program (g, split) sums rows g * R .. over its split's halves (128 elements) for M rows of x
-    (M_PAD, their next power of two); every x row meets the quants loaded once. ADD: out += y.
+    (M_PAD, their next power of two); every x row meets the quants loaded once.
     PRELOAD: the first half's quants loaded before the PDL wait (weights are never written by a
     kernel; an empty split loads the last half and leaves it unused). The same sums either way.
     HEAD_DIM > 0: every row is v's, written to v's cache too (`kv_in_matvec.store_kv`)."""
@@ -105,7 +105,7 @@ def q6_k_rows_int8_matvec_kernel(
             acc = _step(acc, _quants(planes, half, R), xq_ptr, xd_ptr, half, K // 32, R, USE_ASM, M, M_PAD)
     sums = tl.sum(tl.sum(acc, 2), 1)[None, :] if M == 1 else acc
     store_rows(y_ptr, out_ptr, lock_ptr, sums, rows, N, stride_ys, stride_ym, M, M_PAD, b_ptr, HAS_BIAS,
-               SPLIT_K, ADD, kv, 0, 0, HEAD_DIM, False, R)  # fmt: skip
+               SPLIT_K, kv, 0, 0, HEAD_DIM, False, R)  # fmt: skip
 
 
 @triton.jit
@@ -180,12 +180,11 @@ def q6_k_rows_int8_matvec(
     config: Q6KRowsConfig,
     *,
     bias: torch.Tensor | None = None,
-    accumulate: bool = False,
     use_asm: bool = True,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     kv: dict[str, object] | None = None,
 ) -> torch.Tensor:
-    """out (M, n) = x @ W^T (+ bias; with `accumulate`, added to out) for M rows of x quantized by
+    """out (M, n) = x @ W^T (+ bias) for M rows of x quantized by
     `int8_inputs.quantize_x(x, planar=False)` (xq, xd; element order) and W's Q6_K planes as
     `quant_pack.interleave_q6k_rows(planes, config.rows)` makes them. Under split-K, `workspace` is
     (fp32 partials (split_k, M, n), int32 counters of at least ceil(n / rows), zero). `kv`: a
@@ -200,7 +199,7 @@ def q6_k_rows_int8_matvec(
         xq, xd, y, out, locks, out if bias is None else bias, ql.view(torch.int32), qh.view(torch.int32),
         sc, d, n, k, y.stride(0) if c.split_k > 1 else 0, out.stride(0),
         R=c.rows, SPLIT_K=c.split_k, HAS_BIAS=bias is not None, USE_ASM=use_asm, PREFETCH=c.prefetch,
-        ADD=accumulate, M=m, M_PAD=triton.next_power_of_2(m), PRELOAD=c.preload, num_warps=c.rows // 32,
+        M=m, M_PAD=triton.next_power_of_2(m), PRELOAD=c.preload, num_warps=c.rows // 32,
         **(kv or {}), **launch_args(out.device),
     )  # fmt: skip
     return out

@@ -108,8 +108,8 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
                 out.append((f"{kernel.__name__} {name} pdl preload", kernel, preload, pointers))
                 preload = dict(preload, MATCHED=True)
                 out.append((f"{kernel.__name__} {name} pdl preload matched", kernel, preload, pointers))
-                # The default tile of the 0.5B's matvecs (8 x 1,024, 8 warps), with bias and added.
-                full = dict(preload, BLOCK_N=8, BLOCK_K=1024, HAS_BIAS=True, ADD=True, NUM_WARPS=8)
+                # The default tile of the 0.5B's matvecs (8 x 1,024, 8 warps), with bias.
+                full = dict(preload, BLOCK_N=8, BLOCK_K=1024, HAS_BIAS=True, NUM_WARPS=8)
                 out.append((f"{kernel.__name__} {name} pdl preload matched 8x1024", kernel, full, pointers))
         # The fp32-x matvecs, split (their shared store_rows) and not.
         for kernel, pointers in (
@@ -135,10 +135,6 @@ def variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         out.append(
             (f"q6_k_matvec_kernel {name} gated", q6_k_matvec_kernel, gated, {**u8, "sc_ptr": "*i8", **up})
         )
-        # The residual add in the store (`_bits.added`), split-K's last split and not.
-        added = dict(tile, ADD=True)
-        out.append((f"q8_0_matvec_kernel {name} add", q8_0_matvec_kernel, added, {**u8, "qs_ptr": "*i8"}))
-        out.append((f"Q4_K int8 {name} add", q4_k_int8_matvec_kernel, dict(int8, ADD=True), {}))
     return (
         out
         + rows_variants()
@@ -185,7 +181,7 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
         (64, 8, False, False, 1, 2),
     ):
         consts = dict(R=rows, NB=1, SPLIT_K=split, HAS_BIAS=split > 1, USE_ASM=True, EVEN=even, PDL=True)
-        consts |= dict(PREFETCH=ahead, ADD=split > 1, NUM_WARPS=rows // 32, M=m, M_PAD=m, SUBS=subs)
+        consts |= dict(PREFETCH=ahead, NUM_WARPS=rows // 32, M=m, M_PAD=m, SUBS=subs)
         name = f"{NO_BARRIERS[0]} R={rows} split={split} even={even} prefetch={ahead} M={m} subs={subs}"
         out.append((name, q4_k_rows_int8_matvec_kernel, consts, pointers))
         if not ahead and m == 1:  # RowsConfig.preload: main() checks a weight load precedes the wait

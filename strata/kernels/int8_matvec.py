@@ -33,7 +33,6 @@ def rows_matvec(
     w: PackedQuantWeight,
     out: torch.Tensor,
     bias: torch.Tensor | None,
-    accumulate: bool,
     num_sms: int,
     kv: dict[str, object] | None = None,
 ) -> None:
@@ -51,14 +50,13 @@ def rows_matvec(
     if w.planar:
         cfg = replace(rows_config(w.n, w.k, w.rows_group, num_sms), preload=env.rows_preload())
         q4_k_rows_int8_matvec(
-            *xq, w.planes, w.n, w.k, out, cfg, bias=bias, accumulate=accumulate, use_asm=asm,
-            workspace=workspace(cfg.split_k),
+            *xq, w.planes, w.n, w.k, out, cfg, bias=bias, use_asm=asm, workspace=workspace(cfg.split_k),
         )  # fmt: skip
     else:
         cfg6 = q6k_rows_config(w.n, w.k, w.rows_group, num_sms, env.q6k_halves())
         cfg6 = replace(cfg6, preload=env.rows_preload())
         q6_k_rows_int8_matvec(
-            xq[0], xq[1], w.planes, w.n, w.k, out, cfg6, bias=bias, accumulate=accumulate, use_asm=asm,
+            xq[0], xq[1], w.planes, w.n, w.k, out, cfg6, bias=bias, use_asm=asm,
             workspace=workspace(cfg6.split_k), kv=kv,
         )  # fmt: skip
 
@@ -75,18 +73,17 @@ def int8_matvec(
     k: int,
     stride_ys: int,
     cfg: MatvecConfig,
-    accumulate: bool,
     rows_group: int = 0,
     kv: dict[str, object] | None = None,
 ) -> None:
     """The dp4a matvec of x quantized by `quantize_x` (`x_int8`); `dest` is the kernels' (workspace,
-    out, split locks, bias) arguments; `accumulate` adds y to out; `rows_group`: Q4_K's "rows" layout;
+    out, split locks, bias) arguments; `rows_group`: Q4_K's "rows" layout;
     `kv`: the K/V-write arguments (`KVWrite.kernel_args`) of Q4_K's, Q8_0's and Q5_0's kernels."""
     xq, xd, xs = x_int8
     m, stride_ym = xq.shape[0], dest[1].stride(0)  # out's rows (the workspace's too)
     common = dict(
         M=m, M_PAD=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, ADD=accumulate, **cfg.launch_options(),
+        SPLIT_K=cfg.split_k, HAS_BIAS=has_bias, **cfg.launch_options(),
         **launch_args(xq.device),
         # Triton's interpreter runs no inline PTX: it takes the byte-by-byte twin of dp4a.
         USE_ASM=use_asm(xq),

@@ -208,7 +208,6 @@ def quant_matvec(
     up: torch.Tensor | None = None,
     act: str = "silu",
     x_int8: dict[bool, Int8X] | None = None,
-    accumulate: bool = False,
     kv: KVWrite | None = None,
 ) -> torch.Tensor:
     """y = x @ W^T (+ bias) for x (M, k) and a GGUF-quantized W (n, k); returns y (M, n) in x's dtype.
@@ -219,10 +218,8 @@ def quant_matvec(
     runs, or (silu) inside the fp32 x loads of Q4_K's planar and Q6_K's kernels (no launch of its own),
     else by that module first. `x_int8`: x already quantized, by order
     (True planar), as `quantize_x` would (e.g. by `rms_norm_int8`); used where the int8 path runs.
-    `accumulate`: out += y (out given; e.g. a residual stream), rounded as torch's `out + y`
-    for y in out's dtype, in the matvec's store. `kv`: y's rows are a decode step's q, k, v (as
-    `kv.q_rows`, `kv.k_rows` say), stored rotated and written to the caches (`kv_in_matvec`; one row
-    tile a program, not with `accumulate`; the kernels `writes_kv` names).
+    `kv`: y's rows are a decode step's q, k, v (as `kv.q_rows`, `kv.k_rows` say), stored rotated and
+    written to the caches (`kv_in_matvec`; one row tile a program; the kernels `writes_kv` names).
 
     `w` is the raw uint8 tensor of the stored blocks (packed on every call: convenient, not fast) or a
     `PackedQuantWeight` from `pack_quant_weight` (pack once at load). `out`, when given, is written in
@@ -244,8 +241,6 @@ def quant_matvec(
         raise ValueError(f"x must be (M, {k}) for a weight with k={k}, got {tuple(x.shape)}")
     if up is not None:
         _check_gated(x, up, act)
-    if accumulate and out is None:
-        raise ValueError("accumulate=True adds y to out: pass out (the tensor to add to)")
     m = x.shape[0]
     if not 1 <= m <= MAX_M:
         raise ValueError(f"x has {m} rows; the fused matvec takes 1 to {MAX_M} (use a GEMM path for more)")
@@ -281,7 +276,7 @@ def quant_matvec(
             f"Q5_0, not {qtype.name} ({packed.layout})"
         )
     int8_x = by_default if cfg.int8_x is None else cfg.int8_x
-    extra: dict[str, object] = {"ADD": accumulate}
+    extra: dict[str, object] = {}
     if up is not None and not int8_x:
         # SwiGLU inside the fp32 x loads of Q4_K (planar) and Q6_K (the same bits, no launch of its own).
         if (planar or qtype == _T.Q6_K) and act == "silu" and up.stride(0) == x.stride(0):
@@ -300,10 +295,10 @@ def quant_matvec(
     kv_args: dict[str, object] | None = None
     if kv is not None:
         path = _kv_path(packed, int8_x, own_tile=config is None)
-        if path is None or accumulate:
+        if path is None:
             raise ValueError(
-                f"no K/V write in the matvec of {qtype.name} ({packed.layout}, int8 x {int8_x}) or with "
-                "accumulate: leave kv out and write with rotary_kv_write (see writes_kv)"
+                f"no K/V write in the matvec of {qtype.name} ({packed.layout}, int8 x {int8_x}): leave kv "
+                "out and write with rotary_kv_write (see writes_kv)"
             )
         tile = packed.rows_group if path == "rows" else cfg.block_n
         kv_args = kv.kernel_args(out, tile, v_only=path == "rows")
@@ -341,10 +336,10 @@ def quant_matvec(
         ready = None if x_int8 is None or up is not None else x_int8.get(planar)
         xq = ready if ready is not None else quantize_x(x, planar=planar, up=up, act=act)
         if packed.layout == "rows" and config is None:
-            rows_matvec(xq, packed, out, bias, accumulate, num_sms, kv_args)
+            rows_matvec(xq, packed, out, bias, num_sms, kv_args)
             return out
         int8_matvec(
-            qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg, accumulate,
+            qtype, xq, dest, bias is not None, tensors, strides, grid, n, k, stride_ys, cfg,
             packed.rows_group, kv_args,
         )  # fmt: skip
     else:
