@@ -150,7 +150,7 @@ def rows_variants() -> list[tuple[str, object, dict[str, Any], dict[str, str]]]:
     """Q4_K's "rows" layout: the planar kernels reading it through `row_at` (fp32 and int8 x at 3
     rows, the dequantization; the matmul is in `matmul_variants`), and the row-interleaved int8 matvec
     (a warp per 32 rows: NUM_WARPS, which `main` passes as the launch option) at one super-block a
-    step as `rows_config` launches it: split and not, masked and not, with bias and residual add,
+    step as `rows_config` launches it: split and not, masked and not, with bias,
     under PDL, and on half and quarter super-blocks a lane (`RowsConfig.subs`), and preloaded. `main`
     fails the latter if its loop has a barrier (`NO_BARRIERS`)."""
     from strata.kernels._matvec_q4k_int8 import q4_k_int8_matvec_kernel
