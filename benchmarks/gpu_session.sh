@@ -51,7 +51,7 @@ tests=${TESTS:-"tests/test_kernels_quant_matvec.py tests/test_kernels_quant_matm
     tests/test_concurrent_projections.py tests/test_dense_copy.py
     tests/test_cuda_graphs_bound.py tests/test_widen_to_stack.py
     tests/test_kernels_q4k_rows.py tests/test_kernels_q6k_rows.py tests/test_prefill_graphs.py
-    tests/test_attention_graph_replays.py tests/test_rows_preload.py tests/test_attention_merge_in_split.py"}
+    tests/test_attention_graph_replays.py tests/test_rows_preload.py"}
 if [ -z "${SKIP_TESTS:-}" ]; then
     timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q --noconftest -p no:cacheprovider $tests ${PYTEST_K:+-k "$PYTEST_K"} \
         >"$OUT/pytest.txt" 2>&1

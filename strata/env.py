@@ -234,18 +234,6 @@ def attention_prefetch() -> int:
     return {"0": 0, "1": 1, "tile": 2}[_level("STRATA_ATTENTION_PREFETCH", "tile", ("0", "1", "tile"))]
 
 
-def attention_merge() -> str:
-    """STRATA_ATTENTION_MERGE: where paged decode attention merges its splits' partials. kernel (the
-    default): a second kernel, one program a query head. split: the last split of each head group to
-    finish (counted by an atomic) merges the group's partials, one launch fewer a layer, at up to
-    `paged_attention.MERGE_IN_SPLIT_MAX` (16) splits: the short graphs'; longer contexts keep the
-    kernel. The same arithmetic, its sums over splits in split order (the kernel's in a tree), so an
-    ulp apart at times. Measured slower (H100, 2026-12-07, decode of one sequence): the 0.5B 0.917x,
-    the 7B 0.934x: the last split's merge of 7 heads lands on the step's critical path and costs more
-    than the launch it saves."""
-    return _level("STRATA_ATTENTION_MERGE", "kernel", ("kernel", "split"))
-
-
 def dense_copy() -> str:
     """STRATA_DENSE_COPY (default auto; 0 or 1 for never or always): on the GPU kernel path each quantized
     weight of fewer than 16,384 outputs (the 7B's q, k, v, o and down; wider ones as `dense_wide` says)

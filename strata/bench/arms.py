@@ -39,7 +39,6 @@ ENV_OPTIONS = {
     "quant_in_merge": "STRATA_QUANT_IN_MERGE",
     "rope_in_matvec": "STRATA_ROPE_IN_MATVEC",
     "attention_prefetch": "STRATA_ATTENTION_PREFETCH",
-    "attention_merge": "STRATA_ATTENTION_MERGE",
     "merge_warps": "STRATA_MERGE_WARPS",
     "rows_preload": "STRATA_ROWS_PRELOAD",
     "q6k_halves": "STRATA_Q6K_HALVES",

@@ -212,12 +212,6 @@ def attention_variants() -> list[tuple[str, object, dict[str, Any], dict[str, st
     # PREFETCH_KV 2: main() checks the first tile's K/V loads precede the wait.
     consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=False, PREFETCH_KV=2)
     out.append(("attention split prefetch_kv=tile", _split_kernel, consts, pointers))
-    # The merge in the split kernel at the short graphs' 16 splits, the 0.5B's heads and the 7B's.
-    locked = {**pointers, "lock_ptr": "*i32"}
-    consts = dict(split, ONE_SPLIT=False, HAS_WINDOW=False, MERGE_S_PAD=16)
-    out.append(("attention split merge_in_split", _split_kernel, consts, locked))
-    consts = dict(consts, NUM_HEADS=28, D=128, D_PAD=128)
-    out.append(("attention split merge_in_split d=128", _split_kernel, consts, locked))
     out.append(("attention merge", _merge_kernel, dict(heads, S_PAD=64, HAS_WINDOW=True), pointers))
     out.append(
         ("attention merge in chunks", _merge_kernel, dict(heads, S_PAD=256, HAS_WINDOW=True), pointers)

@@ -28,22 +28,13 @@ import triton
 import triton.language as tl
 
 from strata import env
-from strata.kernels._paged_attention_merge import (
-    _live_splits,
-    _merge_in_split,
-    _merge_kernel,
-    merge_quantization,
-)
+from strata.kernels._paged_attention_merge import _live_splits, _merge_kernel, merge_quantization
 from strata.kernels.int8_inputs import attach_int8
 from strata.kernels.pdl import await_inputs, launch_args, prefetch_weights
-from strata.kernels.split_locks import split_locks
 
 _LOG2E = 1.4426950408889634
 # Below this many positions a split's merge costs more than the parallelism gains.
 MIN_SPLIT_LEN = 256
-# STRATA_ATTENTION_MERGE=split merges in the split kernel up to this many splits (the short graphs'), in
-# a loop unrolled over them; more keep the merge kernel.
-MERGE_IN_SPLIT_MAX = 16
 
 
 @triton.jit
@@ -58,18 +49,15 @@ def _chunk_range(ctx, lo, live, split, BLOCK_T: tl.constexpr):
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    lock_ptr, qk_scale, window, block_size, num_splits, min_split_len,
+    qk_scale, window, block_size, num_splits, min_split_len,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_KV: tl.constexpr = 0,
-    MERGE_S_PAD: tl.constexpr = 0,
 ):  # fmt: skip
     """PREFETCH_KV 1 (under PDL 2): the first tile's K and V rows asked of L2 before the wait
     (`_prefetch_kv`); 2: loaded into registers before the wait (`_first_tile`), all but the new
-    token's row, which the step writes, loaded after it (by the split that holds it).
-    MERGE_S_PAD (num_splits' power of two; 0: the merge kernel merges): the last split of a head group
-    to finish merges its partials (`_merge_in_split`, counting in lock_ptr)."""
+    token's row, which the step writes, loaded after it (by the split that holds it)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -94,11 +82,11 @@ def _split_kernel(
         lo, live = _live_splits(ctx, window, num_splits, min_split_len, HAS_WINDOW)
     if split < live:
         _split_chunk(
-            q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr,
+            q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
             qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live, slot0, k0, v0,
             stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
             NUM_HEADS, G, G_PAD, D, D_PAD, BLOCK_T, ONE_SPLIT, PRECISION, DOT_F32,
-            PREFETCH_KV == 2, MERGE_S_PAD,
+            PREFETCH_KV == 2,
         )  # fmt: skip
 
 
@@ -153,12 +141,12 @@ def _prefetch_kv(k_ptr, v_ptr, block_tables_ptr, b, kvh, split, ctx, lo, live, b
 
 @triton.jit
 def _split_chunk(
-    q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr,
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     qk_scale, block_size, num_splits, b, kvh, split, ctx, lo, live, slot0, k0, v0,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    PRELOADED: tl.constexpr, MERGE_S_PAD: tl.constexpr,
+    PRELOADED: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
     one, else its partial. PRELOADED:
@@ -212,9 +200,6 @@ def _split_chunk(
         tl.store(part_m_ptr + row, m_i, mask=gm)
         tl.store(part_l_ptr + row, l_i, mask=gm)
         tl.store(part_acc_ptr + row[:, None] * D_PAD + idim[None, :], acc, mask=gm[:, None])
-        if MERGE_S_PAD:
-            _merge_in_split(out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, lock_ptr, b, kvh, live, num_splits,
-                            stride_ob, stride_oh, NUM_HEADS, G, D, D_PAD, MERGE_S_PAD)  # fmt: skip
 
 
 @triton.jit
@@ -399,29 +384,25 @@ def paged_decode_attention(
         part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(batch, num_heads, num_splits, d_pad, dtype=torch.float32, device=q.device)
-    s_pad = triton.next_power_of_2(num_splits)
-    # The merge in the split kernel is unrolled over the splits: only up to MERGE_IN_SPLIT_MAX of them.
-    merge_in_split = 1 < num_splits <= MERGE_IN_SPLIT_MAX and env.attention_merge() == "split"
-    locks = split_locks(q.device, batch * num_kv_heads) if merge_in_split else context_lens  # unread without
     _split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc, locks,
+        q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc,
         scale * _LOG2E, window or 0, block_size, num_splits, min_split_len,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, G=group, G_PAD=g_pad, D=head_dim, D_PAD=d_pad, BLOCK_T=block_t,
         ONE_SPLIT=num_splits == 1, HAS_WINDOW=window is not None, PRECISION=precision, DOT_F32=dot_f32,
-        PREFETCH_KV=env.attention_prefetch(), MERGE_S_PAD=s_pad if merge_in_split else 0,
+        PREFETCH_KV=env.attention_prefetch(),
         num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),
         **launch_args(q.device),
     )  # fmt: skip
     int8 = None
-    if num_splits > 1 and not merge_in_split:
+    if num_splits > 1:
         quant, int8 = merge_quantization(out, int8_order)
         _merge_kernel[(batch, num_heads)](
             out, part_m, part_l, part_acc, context_lens, window or 0, num_splits, min_split_len,
             out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=s_pad,
+            NUM_HEADS=num_heads, D=head_dim, D_PAD=d_pad, S_PAD=triton.next_power_of_2(num_splits),
             HAS_WINDOW=window is not None, **quant,
             num_warps=merge_warps or num_warps,
             **launch_args(q.device),
