@@ -149,8 +149,8 @@ def _split_chunk(
     PRELOADED: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of the `live` ones over positions lo..ctx: the output itself when it is the only
-    one, else its partial. PRELOADED:
-    (slot0, k0, v0) are the first tile's (`_first_tile`), the new token's row still to load."""
+    one, else its partial. PRELOADED: (slot0, k0, v0) are the first tile's (`_first_tile`), the new
+    token's row still to load."""
     start, end = _chunk_range(ctx, lo, live, split, BLOCK_T)
 
     ig = tl.arange(0, G_PAD)
